@@ -1,0 +1,61 @@
+"""The small exception hierarchy. Every message says what to do next (one line, no traceback)."""
+
+from __future__ import annotations
+
+
+class GandivaError(Exception):
+    """Base of every error a user or admin can cause; the CLI prints it as one line and exits non-zero."""
+
+    exit_code = 1
+
+
+class ConfigError(GandivaError):
+    """A broken config file or option."""
+
+    exit_code = 2
+
+
+class BadRequest(GandivaError):
+    """A request that can never be satisfied (more GPUs than exist, MIN > MAX, ...)."""
+
+    exit_code = 2
+
+
+class SlurmError(GandivaError):
+    """Slurm refused or failed a command."""
+
+
+class SlurmUnreachable(SlurmError):
+    """slurmctld cannot be reached."""
+
+    exit_code = 3
+
+
+class PermissionDenied(SlurmError):
+    """The caller may not act on this job."""
+
+    exit_code = 4
+
+
+class UnknownJob(SlurmError):
+    """No such job."""
+
+    exit_code = 5
+
+
+class InvalidRequest(SlurmError):
+    """Slurm rejected the request as invalid."""
+
+    exit_code = 2
+
+
+class ProtocolError(GandivaError):
+    """A suspend / resume step did not complete (timeout, job gone, checkpoint missing)."""
+
+    exit_code = 6
+
+
+class TraceError(GandivaError):
+    """A malformed trace file."""
+
+    exit_code = 2

@@ -1,0 +1,367 @@
+"""Domain types shared by the policies, the controller and the simulator.
+
+Everything here is a frozen dataclass or an enum and does no I/O. Times are seconds (floats) on
+whatever clock the caller injects; work is measured in "work units" (samples for the wrapper's
+jobs, model-specific units in the simulator) and rates in work units per second.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+
+class JobState(enum.Enum):
+    """Lifecycle of a managed job, as the policies see it."""
+
+    QUEUED = "queued"  # submitted, never ran
+    RUNNING = "running"  # holds GPUs now
+    SUSPENDED = "suspended"  # ran before, checkpointed, holds no GPUs
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+    @property
+    def waiting(self) -> bool:
+        return self in (JobState.QUEUED, JobState.SUSPENDED)
+
+
+class Locality(enum.IntEnum):
+    """How close a set of GPUs is; lower is better."""
+
+    SWITCH = 0  # one GPU, or all GPUs under one PCIe switch
+    SOCKET = 1  # one CPU socket, several switches
+    NODE = 2  # one node, several sockets
+    CROSS_NODE = 3  # several nodes
+
+
+@dataclass(frozen=True, order=True)
+class GpuRef:
+    """One physical GPU: node name and the GPU's index on that node."""
+
+    node: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.index}"
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Where a GPU sits in its node: CPU socket and PCIe switch (switch ids are unique per node)."""
+
+    ref: GpuRef
+    socket: int
+    switch: int
+
+
+@dataclass(frozen=True)
+class Node:
+    """A compute node with its GPUs. `shards` is how many packed jobs one GPU can hold."""
+
+    name: str
+    gpus: tuple[GpuInfo, ...]
+    up: bool = True
+    shards: int = 2
+
+    @property
+    def gpu_refs(self) -> tuple[GpuRef, ...]:
+        return tuple(g.ref for g in self.gpus)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """node > socket > PCIe switch > GPU."""
+
+    nodes: tuple[Node, ...]
+
+    @cached_property
+    def _by_ref(self) -> dict[GpuRef, GpuInfo]:
+        return {g.ref: g for n in self.nodes for g in n.gpus}
+
+    @cached_property
+    def _by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def node(self, name: str) -> Node:
+        return self._by_name[name]
+
+    def gpu(self, ref: GpuRef) -> GpuInfo:
+        return self._by_ref[ref]
+
+    def has_gpu(self, ref: GpuRef) -> bool:
+        return ref in self._by_ref
+
+    def all_gpus(self, *, up_only: bool = True) -> tuple[GpuRef, ...]:
+        return tuple(g.ref for n in self.nodes if n.up or not up_only for g in n.gpus)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+    def locality(self, gpus: Iterable[GpuRef]) -> Locality:
+        infos = [self._by_ref[g] for g in gpus]
+        if len({i.ref.node for i in infos}) > 1:
+            return Locality.CROSS_NODE
+        if len({i.switch for i in infos}) <= 1:
+            return Locality.SWITCH
+        if len({i.socket for i in infos}) <= 1:
+            return Locality.SOCKET
+        return Locality.NODE
+
+    @staticmethod
+    def uniform(
+        nodes: int,
+        gpus_per_node: int,
+        *,
+        gpus_per_switch: int = 2,
+        sockets: int = 2,
+        prefix: str = "n",
+        shards: int = 2,
+    ) -> Topology:
+        """A homogeneous cluster: nodes named prefix1..prefixN, GPUs split evenly over sockets and switches."""
+        per_socket = max(1, gpus_per_node // max(1, sockets))
+        out = []
+        for i in range(1, nodes + 1):
+            name = f"{prefix}{i}"
+            gpus = tuple(
+                GpuInfo(GpuRef(name, k), socket=min(k // per_socket, sockets - 1), switch=k // gpus_per_switch)
+                for k in range(gpus_per_node)
+            )
+            out.append(Node(name, gpus, shards=shards))
+        return Topology(tuple(out))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The GPUs a job holds. `shared` means it holds one shard of each GPU (packing), not the whole GPU."""
+
+    gpus: tuple[GpuRef, ...]
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus", tuple(sorted(self.gpus)))
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"placement lists a GPU twice: {self.gpus}")
+
+    @property
+    def count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted({g.node for g in self.gpus}))
+
+    def on_node(self, node: str) -> tuple[int, ...]:
+        return tuple(g.index for g in self.gpus if g.node == node)
+
+    def __str__(self) -> str:
+        body = ",".join(f"{n}:{'+'.join(map(str, self.on_node(n)))}" for n in self.nodes)
+        return body + ("(shared)" if self.shared else "")
+
+
+@dataclass(frozen=True)
+class RateTable:
+    """Throughput (work units / s) by GPU count and locality: measured, or a prior from a scaling table.
+
+    `throughput(k)` answers for the best locality known at k; unknown counts are interpolated from the
+    nearest known counts (never extrapolated above the best known per-GPU rate).
+    """
+
+    rates: Mapping[tuple[int, Locality], float] = field(default_factory=dict)
+
+    def with_rate(self, gpus: int, locality: Locality, rate: float) -> RateTable:
+        new = dict(self.rates)
+        new[(gpus, locality)] = rate
+        return RateTable(new)
+
+    def known_counts(self) -> list[int]:
+        return sorted({k for k, _ in self.rates})
+
+    def throughput(self, gpus: int, locality: Locality | None = None) -> float:
+        if gpus <= 0:
+            return 0.0
+        if locality is not None and (gpus, locality) in self.rates:
+            return self.rates[(gpus, locality)]
+        at_k = [r for (k, loc), r in self.rates.items() if k == gpus and (locality is None or loc >= locality)]
+        if at_k:
+            return max(at_k)
+        best = {k: max(r for (kk, _), r in self.rates.items() if kk == k) for k in self.known_counts()}
+        if not best:
+            return float(gpus)  # nothing known: assume linear scaling in arbitrary units
+        lower = [k for k in best if k < gpus]
+        upper = [k for k in best if k > gpus]
+        if lower and upper:
+            lo, hi = max(lower), min(upper)
+            frac = (gpus - lo) / (hi - lo)
+            return best[lo] + frac * (best[hi] - best[lo])
+        if lower:
+            lo = max(lower)
+            return best[lo]  # no evidence that more GPUs help
+        hi = min(upper)
+        return best[hi] * gpus / hi
+
+    def speedup(self, gpus: int) -> float:
+        one = self.throughput(1)
+        return self.throughput(gpus) / one if one > 0 else float(gpus)
+
+
+class TrialKind(enum.Enum):
+    """Introspective-mode experiments; each is measured and reverted if the job got slower."""
+
+    PACK = "pack"
+    MIGRATE = "migrate"
+    GROW = "grow"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A running experiment on a job: what was tried, when, and the rate it must beat."""
+
+    kind: TrialKind
+    started: float
+    baseline_rate: float
+    previous: Placement | None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked for. A rigid job has min_gpus == max_gpus."""
+
+    job_id: str
+    user: str
+    min_gpus: int
+    max_gpus: int
+    submit_time: float
+    total_work: float | None = None  # work units to finish, when known
+    name: str = ""
+    model: str = ""  # scaling-table name, when known
+
+    def __post_init__(self) -> None:
+        if self.min_gpus < 1 or self.max_gpus < self.min_gpus:
+            raise ValueError(f"job {self.job_id}: bad GPU range {self.min_gpus}:{self.max_gpus}")
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_gpus > self.min_gpus
+
+
+@dataclass(frozen=True)
+class Job:
+    """A managed job as the policies see it at one instant."""
+
+    spec: JobSpec
+    state: JobState = JobState.QUEUED
+    placement: Placement | None = None
+    progress: float = 0.0  # work units done
+    attained_service: float = 0.0  # GPU-seconds received so far
+    times_scheduled: int = 0  # how many slices it has started
+    first_start: float | None = None
+    slice_start: float | None = None  # when the current slice began (running jobs)
+    last_run_end: float | None = None  # when it last stopped running
+    rates: RateTable = field(default_factory=RateTable)
+    trial: Trial | None = None
+    measured_rate: float | None = None  # latest measurement at the current placement
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def gpus(self) -> int:
+        return self.placement.count if self.placement else 0
+
+    @property
+    def remaining_work(self) -> float | None:
+        if self.spec.total_work is None:
+            return None
+        return max(0.0, self.spec.total_work - self.progress)
+
+    def remaining_time(self, gpus: int) -> float:
+        """Estimated seconds to finish on `gpus` GPUs (inf when unknown or no progress possible)."""
+        rem = self.remaining_work
+        rate = self.rates.throughput(gpus)
+        if rem is None or rate <= 0:
+            return float("inf")
+        return rem / rate
+
+    def evolve(self, **changes: object) -> Job:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """An immutable snapshot of the cluster and the managed jobs: the input of every policy."""
+
+    topology: Topology
+    jobs: tuple[Job, ...]
+    now: float = 0.0
+
+    @cached_property
+    def _by_id(self) -> dict[str, Job]:
+        return {j.job_id: j for j in self.jobs}
+
+    def job(self, job_id: str) -> Job:
+        return self._by_id[job_id]
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self.jobs)
+
+    @property
+    def active(self) -> tuple[Job, ...]:
+        return tuple(j for j in self.jobs if not j.state.finished)
+
+    @property
+    def running(self) -> tuple[Job, ...]:
+        return tuple(j for j in self.jobs if j.state is JobState.RUNNING)
+
+    @property
+    def waiting(self) -> tuple[Job, ...]:
+        return tuple(j for j in self.jobs if j.state.waiting)
+
+    @cached_property
+    def usage(self) -> dict[GpuRef, tuple[int, int]]:
+        """GPU -> (jobs holding it whole, jobs holding a shard of it), over running jobs."""
+        use: dict[GpuRef, list[int]] = {}
+        for j in self.running:
+            assert j.placement is not None
+            for g in j.placement.gpus:
+                u = use.setdefault(g, [0, 0])
+                u[1 if j.placement.shared else 0] += 1
+        return {g: (u[0], u[1]) for g, u in use.items()}
+
+    def free_gpus(self) -> tuple[GpuRef, ...]:
+        """GPUs on up nodes that no running job holds, whole or shared."""
+        return tuple(g for g in self.topology.all_gpus() if g not in self.usage)
+
+    def consistency_errors(self) -> list[str]:
+        """Why this view is impossible (empty when it is fine): double bookings, bad nodes, bad counts."""
+        errs: list[str] = []
+        for g, (whole, shards) in self.usage.items():
+            if not self.topology.has_gpu(g):
+                errs.append(f"{g} does not exist")
+                continue
+            node = self.topology.node(g.node)
+            if not node.up:
+                errs.append(f"{g} is on down node {g.node}")
+            if whole > 1:
+                errs.append(f"{g} booked whole by {whole} jobs")
+            if whole and shards:
+                errs.append(f"{g} booked both whole and as shards")
+            if shards > node.shards:
+                errs.append(f"{g} has {shards} shard holders, more than {node.shards}")
+        for j in self.jobs:
+            if j.state is JobState.RUNNING:
+                if j.placement is None:
+                    errs.append(f"job {j.job_id} running without GPUs")
+                elif not j.spec.min_gpus <= j.placement.count <= j.spec.max_gpus:
+                    errs.append(f"job {j.job_id} holds {j.placement.count} GPUs outside its range")
+            elif j.placement is not None:
+                errs.append(f"job {j.job_id} is {j.state.value} but holds GPUs")
+        return errs
