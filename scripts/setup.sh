@@ -5,7 +5,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 need=()
-for pkg in slurm-wlm slurmctld slurmd slurm-client munge postgresql lua5.1; do
+for pkg in slurm-wlm slurmctld slurmd slurm-client munge postgresql lua5.1 python3-venv; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -17,7 +17,8 @@ if [ ${#need[@]} -gt 0 ]; then
   # The packages start system daemons; the project runs its own, so stop those.
   for s in slurmctld slurmd postgresql; do $sudo_ systemctl stop "$s" >/dev/null 2>&1 || true; done
 fi
-py=${PYTHON:-python3}
+# Debian's python, not a per-user one (pyenv under /root): jobs run as other users must exec it.
+py=${PYTHON:-/usr/bin/python3}
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
@@ -29,4 +30,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e ".[controller,dev]"
   touch "$stamp"
 fi
-echo "setup: ok ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'); $(sinfo --version))"
+echo "setup: ok ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'); slurm $(dpkg-query -W -f "${Version}" slurm-client))"

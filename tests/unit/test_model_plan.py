@@ -25,7 +25,9 @@ def g(node: str, *idx: int) -> Placement:
     return Placement(tuple(GpuRef(node, i) for i in idx))
 
 
-def job(jid: str, state: JobState = JobState.QUEUED, placement: Placement | None = None, lo: int = 1, hi: int = 1) -> Job:
+def job(
+    jid: str, state: JobState = JobState.QUEUED, placement: Placement | None = None, lo: int = 1, hi: int = 1
+) -> Job:
     return Job(JobSpec(jid, "alice", lo, hi, 0.0, total_work=100.0), state=state, placement=placement)
 
 
