@@ -1,0 +1,718 @@
+"""The suspend / resume / migrate / resize protocol over Slurm's held requeue.
+
+suspend: signal the batch shell -> the wrapper checkpoints at a mini-batch boundary, writes status.json and
+requeue-holds its own job -> wait for PENDING+held -> turn the owner's hold into an admin hold.
+resume: (admin-hold a free-floating pending job) -> set node list and per-GPU typed gres -> clear the
+requeue begin-time delay -> release -> wait for RUNNING -> verify Slurm gave exactly the chosen GPUs.
+
+Every operation looks at where the job is first (`phase`) and skips the steps already done, so a caller
+that died half-way can simply run the same operation again.
+
+Slurm 22.05 merges a gres update into the job's earlier request; the CLI backend clears the old request
+first, so whole GPUs are replaced exactly. Shards cannot be cleared and a job cannot switch between gpu and
+shard (see `plan_gres`): jobs that may be packed should be submitted without --gres.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_gandiva.errors import BadRequest, InvalidRequest, PermissionDenied, ProtocolError, SlurmError, UnknownJob
+from slurm_gandiva.model import GpuRef, Placement
+from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.slurm import gres_string
+from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob
+
+REQUEUE_HELD_REASON = "job_requeued_in_held_state"
+
+
+class Phase(enum.Enum):
+    """Where a job is in the cycle, as far as Slurm shows it."""
+
+    RUNNING = "running"  # holds its allocation
+    STOPPING = "stopping"  # completing / being requeued: wait, do not act
+    REQUEUED = "requeued"  # pending with the owner's hold (requeue-hold, or job_submit.lua's): not yet admin-held
+    HELD = "held"  # pending with the admin hold, ran before: suspended, ready to resume
+    QUEUED_HELD = "queued-held"  # pending with the admin hold, never ran: ready for its first start
+    RELEASED = "released"  # pending without a hold: Slurm may start it (begin time, resources)
+    FINISHED = "finished"  # completed, failed or cancelled
+
+
+class Op(enum.Enum):
+    SUSPEND = "suspend"
+    RESUME = "resume"
+    MIGRATE = "migrate"
+    RESIZE = "resize"
+
+
+class Step(enum.Enum):
+    """One idempotent step of an operation."""
+
+    SIGNAL = "signal"  # scancel --signal=SIG --batch JOB
+    WAIT_REQUEUE = "wait-requeue"  # until PENDING + held (the wrapper requeue-held itself)
+    ESCALATE = "escalate"  # timeout: root requeuehold; progress since the last checkpoint is lost
+    WAIT_CHECKPOINT = "wait-checkpoint"  # the wrapper's fresh status.json says "suspended"
+    ADMIN_HOLD = "admin-hold"  # scontrol hold: the owner can no longer release it
+    SET_PLACEMENT = "set-placement"  # scontrol update nodelist=N gres=gpu:gK:1,...
+    CLEAR_BEGIN = "clear-begin"  # scontrol update starttime=now (requeue leaves ~120 s BeginTime)
+    RELEASE = "release"  # scontrol release
+    WAIT_RUNNING = "wait-running"  # until RUNNING
+    VERIFY = "verify"  # Slurm's GPUs == the placement
+
+
+class Outcome(enum.Enum):
+    SUSPENDED = "suspended"  # held, clean checkpoint (or never ran)
+    ESCALATED = "escalated"  # held, but forced: progress since the last checkpoint is lost
+    RUNNING = "running"  # running on the requested placement
+    FINISHED = "finished"  # the job ended (done, failed, cancelled) instead
+
+
+class StepEventKind(enum.Enum):
+    START = "start"
+    END = "end"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What the journal callback receives: a step starting, ending or being skipped (already done)."""
+
+    job_id: str
+    op: Op
+    step: Step
+    kind: StepEventKind
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step as carried out: how long it took and what it found."""
+
+    step: Step
+    seconds: float
+    detail: str = ""
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class OpResult:
+    """The outcome of one operation and each of its steps, in order."""
+
+    job_id: str
+    op: Op
+    outcome: Outcome
+    steps: tuple[StepRecord, ...]
+    placement: Placement | None = None
+    detail: str = ""
+
+    @property
+    def escalated(self) -> bool:
+        return self.outcome is Outcome.ESCALATED
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    def step(self, step: Step) -> StepRecord | None:
+        """The last record of `step`, if it ran or was skipped."""
+        return next((s for s in reversed(self.steps) if s.step is step), None)
+
+    def describe(self) -> str:
+        """Human-readable lines: one per step with its duration, then the outcome."""
+        lines = []
+        for s in self.steps:
+            what = "skipped" if s.skipped else f"{s.seconds:7.3f} s"
+            lines.append(f"  {s.step.value:<16} {what:>10}  {s.detail}".rstrip())
+        where = f" on {self.placement}" if self.placement else ""
+        tail = f": {self.detail}" if self.detail else ""
+        lines.append(f"job {self.job_id}: {self.op.value} -> {self.outcome.value}{where}{tail}")
+        lines.append(f"  total {self.seconds:.3f} s")
+        return "\n".join(lines)
+
+
+Journal = Callable[[StepEvent], None]
+
+
+def is_held(job: SlurmJob) -> bool:
+    return job.hold is not HoldKind.NONE or job.reason == REQUEUE_HELD_REASON
+
+
+def phase(job: SlurmJob) -> Phase:
+    """Where `job` is in the suspend/resume cycle."""
+    if job.finished:
+        return Phase.FINISHED
+    if job.state == "RUNNING" or job.state == "CONFIGURING":
+        return Phase.RUNNING
+    if job.pending:
+        if job.hold is HoldKind.ADMIN:
+            return Phase.HELD if job.restart_count > 0 else Phase.QUEUED_HELD
+        if is_held(job):
+            return Phase.REQUEUED
+        return Phase.RELEASED
+    return Phase.STOPPING
+
+
+class GresKind(enum.Enum):
+    """What a job's GPU request is made of (Slurm 22.05 cannot switch a job between gpu and shard)."""
+
+    NONE = "none"  # no GPU request yet: the first placement fixes the kind
+    GPU = "gpu"  # typed whole GPUs, gpu:gK:1
+    UNTYPED = "untyped"  # gpu:N, as submitted: replaced by typed gres at the first placement
+    SHARD = "shard"  # shard:gK:n
+
+
+def _gres_entries(tres_per_node: str) -> list[list[str]]:
+    out = []
+    for part in tres_per_node.split(","):
+        part = part.strip()
+        for prefix in ("gres:", "gres/"):
+            part = part.removeprefix(prefix)
+        bits = part.split(":")
+        if len(bits) >= 2 and bits[-1].isdigit() and int(bits[-1]) > 0:
+            out.append(bits)
+    return out
+
+
+def gres_kind(tres_per_node: str) -> GresKind:
+    """The kind of a job's GPU request, from Slurm's TresPerNode (e.g. "gres:gpu:g0:1,gres:gpu:g2:1")."""
+    entries = _gres_entries(tres_per_node)
+    if any(b[0] == "shard" for b in entries):
+        return GresKind.SHARD
+    gpu = [b for b in entries if b[0] == "gpu"]
+    if not gpu:
+        return GresKind.NONE
+    return GresKind.GPU if all(len(b) == 3 for b in gpu) else GresKind.UNTYPED
+
+
+def gres_for(placement: Placement) -> str:
+    """Per-GPU typed gres for a single-node placement: gpu:g0:1,gpu:g2:1 (whole) or shard:g0:1,... (shared)."""
+    return gres_string(placement.on_node(placement.nodes[0]), shared=placement.shared)
+
+
+def placement_of(job: SlurmJob) -> Placement | None:
+    """The GPUs Slurm gave a running job, as a Placement (None when it holds none)."""
+    whole = [GpuRef(n, i) for n, idx in job.gpus.items() for i in idx]
+    shards = [GpuRef(n, i) for n, idx in job.shards.items() for i in idx]
+    if whole:
+        return Placement(tuple(whole))  # a mix is never booked by the controller; report the whole GPUs
+    if shards:
+        return Placement(tuple(shards), shared=True)
+    return None
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns)
+
+
+def _read_outcome(path: Path) -> str | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    out = data.get("outcome") if isinstance(data, dict) else None
+    return out if isinstance(out, str) else None
+
+
+class _Run:
+    """Bookkeeping of one operation: records steps and feeds the journal."""
+
+    def __init__(self, proto: RequeueProtocol, job_id: str, op: Op) -> None:
+        self.proto = proto
+        self.job_id = job_id
+        self.op = op
+        self.steps: list[StepRecord] = []
+
+    def _emit(self, step: Step, kind: StepEventKind, seconds: float = 0.0, detail: str = "") -> None:
+        if self.proto.journal is not None:
+            self.proto.journal(StepEvent(self.job_id, self.op, step, kind, seconds, detail))
+
+    def skip(self, step: Step, detail: str) -> None:
+        self.steps.append(StepRecord(step, 0.0, detail, skipped=True))
+        self._emit(step, StepEventKind.SKIP, 0.0, detail)
+
+    def do(self, step: Step, action: Callable[[], str]) -> str:
+        """Run `action` as `step`; its return value is the step's detail."""
+        self._emit(step, StepEventKind.START)
+        t0 = self.proto.clock()
+        try:
+            detail = action()
+        except BaseException as exc:
+            secs = self.proto.clock() - t0
+            self.steps.append(StepRecord(step, secs, f"error: {exc}"))
+            self._emit(step, StepEventKind.END, secs, f"error: {exc}")
+            raise
+        secs = self.proto.clock() - t0
+        self.steps.append(StepRecord(step, secs, detail))
+        self._emit(step, StepEventKind.END, secs, detail)
+        return detail
+
+    def result(self, outcome: Outcome, placement: Placement | None = None, detail: str = "") -> OpResult:
+        return OpResult(self.job_id, self.op, outcome, tuple(self.steps), placement, detail)
+
+
+class RequeueProtocol:
+    """Suspend, resume, migrate and resize jobs through Slurm's held requeue.
+
+    Must run as root / SlurmUser (admin holds, updates of other users' jobs). `jobs_root` is the directory
+    that holds each job's state directory (<jobs_root>/<job id>); with it, suspend also checks the wrapper's
+    status.json. `clock` and `sleep` are injected (monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        backend: SlurmBackend,
+        *,
+        signal_name: str = "USR2",
+        suspend_timeout: float = 120.0,
+        start_timeout: float = 60.0,
+        requeue_timeout: float = 30.0,
+        checkpoint_grace: float = 5.0,
+        poll_interval: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        journal: Journal | None = None,
+        jobs_root: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.signal_name = signal_name
+        self.suspend_timeout = suspend_timeout
+        self.start_timeout = start_timeout
+        self.requeue_timeout = requeue_timeout
+        self.checkpoint_grace = checkpoint_grace
+        self.poll_interval = poll_interval
+        self.clock = clock
+        self.sleep = sleep
+        self.journal = journal
+        self.jobs_root = Path(jobs_root) if jobs_root is not None else None
+
+    # -- queries -----------------------------------------------------------------------------------
+
+    def phase(self, job: SlurmJob) -> Phase:
+        """Where `job` is in the cycle (see `Phase`)."""
+        return phase(job)
+
+    def files(self, job_id: str) -> JobFiles | None:
+        return JobFiles(self.jobs_root / job_id) if self.jobs_root is not None else None
+
+    def _wait(self, job_id: str, done: Callable[[SlurmJob], bool], timeout: float) -> tuple[SlurmJob, bool]:
+        """Poll the job until `done` or a finished state; returns the last view and whether it got there."""
+        deadline = self.clock() + timeout
+        while True:
+            job = self.backend.job(job_id)
+            if done(job) or job.finished:
+                return job, done(job)
+            if self.clock() >= deadline:
+                return job, False
+            self.sleep(self.poll_interval)
+
+    # -- suspend -----------------------------------------------------------------------------------
+
+    def suspend(self, job_id: str) -> OpResult:
+        """Stop a job at a mini-batch boundary into an admin-held requeue.
+
+        A running job is signalled; if it has not requeue-held itself within `suspend_timeout`, root
+        requeue-holds it (Outcome.ESCALATED: progress since its last checkpoint is lost). A pending job is
+        just held. A job that finishes instead is reported as Outcome.FINISHED.
+        """
+        run = _Run(self, job_id, Op.SUSPEND)
+        return self._suspend(run)
+
+    def _suspend(self, run: _Run) -> OpResult:
+        job_id = run.job_id
+        job = self.backend.job(job_id)
+        ph = phase(job)
+        if ph is Phase.FINISHED:
+            return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
+        outcome = Outcome.SUSPENDED
+        files = self.files(job_id)
+        before = _file_id(files.status) if files is not None else None
+        signalled = False
+        if ph is Phase.RUNNING:
+            job = self._signal(run)
+            signalled = True
+            if job.finished:
+                return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
+            job, ok = self._wait_requeue(run, self.suspend_timeout)
+            if job.finished:
+                return self._finished(run, job, files, before)
+            if not ok:
+                job = self._escalate(run)
+                if job.finished:
+                    return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
+                outcome = Outcome.ESCALATED
+        elif ph is Phase.STOPPING:
+            run.skip(Step.SIGNAL, f"job is {job.state}: already stopping")
+            job, ok = self._wait_requeue(run, self.requeue_timeout)
+            if job.finished:
+                return self._finished(run, job, files, before)
+            if not ok:
+                raise ProtocolError(
+                    f"job {job_id} stayed {job.state} for {self.requeue_timeout:.0f} s; check slurmctld's log"
+                )
+        else:
+            run.skip(Step.SIGNAL, f"job is {ph.value}: not running")
+            run.skip(Step.WAIT_REQUEUE, f"job is {ph.value}")
+        if signalled and outcome is Outcome.SUSPENDED and files is not None:
+            status = self._wait_checkpoint(run, files, before)
+            if status in ("done", "failed"):
+                # Finished as the signal came; Slurm still shows it held only if the wrapper requeued it.
+                job = self.backend.job(job_id)
+                if job.finished:
+                    return run.result(Outcome.FINISHED, detail=f"wrapper reported {status}")
+        elif files is None:
+            run.skip(Step.WAIT_CHECKPOINT, "no jobs root given: status.json not checked")
+        elif outcome is Outcome.ESCALATED:
+            run.skip(Step.WAIT_CHECKPOINT, "escalated: no clean checkpoint")
+        else:
+            run.skip(Step.WAIT_CHECKPOINT, "not signalled")
+        self._admin_hold(run, job)
+        detail = ""
+        if outcome is Outcome.ESCALATED:
+            detail = (
+                f"did not stop within {self.suspend_timeout:.0f} s of the signal; forced a requeue-hold: "
+                "progress since its last checkpoint is lost"
+            )
+        return run.result(outcome, detail=detail)
+
+    def _signal(self, run: _Run) -> SlurmJob:
+        """Signal the batch shell; retries while Slurm refuses because the job is still starting."""
+        deadline = self.clock() + self.requeue_timeout
+
+        def act() -> str:
+            while True:
+                try:
+                    self.backend.signal(run.job_id, self.signal_name, batch_only=True)
+                    return f"SIG{self.signal_name.upper().removeprefix('SIG')} to the batch shell"
+                except (PermissionDenied, UnknownJob):
+                    raise
+                except SlurmError as exc:
+                    job = self.backend.job(run.job_id)
+                    if job.finished or phase(job) is not Phase.RUNNING:
+                        return f"not sent: job is {job.state}"
+                    if self.clock() >= deadline:
+                        raise ProtocolError(f"cannot signal job {run.job_id}: {exc}") from exc
+                    self.sleep(self.poll_interval)
+
+        run.do(Step.SIGNAL, act)
+        return self.backend.job(run.job_id)
+
+    def _wait_requeue(self, run: _Run, timeout: float) -> tuple[SlurmJob, bool]:
+        box: list[tuple[SlurmJob, bool]] = []
+
+        def held(j: SlurmJob) -> bool:
+            return j.pending and is_held(j)
+
+        def act() -> str:
+            job, ok = self._wait(run.job_id, held, timeout)
+            box.append((job, ok))
+            if ok:
+                return f"PENDING, {job.reason}"
+            if job.finished:
+                return f"finished: {job.state}"
+            return f"timeout after {timeout:.0f} s: {job.state} ({job.reason})"
+
+        run.do(Step.WAIT_REQUEUE, act)
+        return box[0]
+
+    def _escalate(self, run: _Run) -> SlurmJob:
+        box: list[SlurmJob] = []
+
+        def act() -> str:
+            job = self.backend.job(run.job_id)
+            if phase(job) is Phase.RUNNING:
+                try:
+                    self.backend.requeue_hold(run.job_id)
+                except SlurmError:
+                    job = self.backend.job(run.job_id)
+                    if not (job.finished or (job.pending and is_held(job))):
+                        raise
+            job, ok = self._wait(run.job_id, lambda j: j.pending and is_held(j), self.requeue_timeout)
+            box.append(job)
+            if job.finished:
+                return f"finished: {job.state}"
+            if not ok:
+                raise ProtocolError(
+                    f"job {run.job_id} is still {job.state} after a forced requeue-hold; "
+                    "check slurmctld's log and cancel it if it hangs"
+                )
+            return "forced requeue-hold (root): progress since the last checkpoint is lost"
+
+        run.do(Step.ESCALATE, act)
+        return box[0]
+
+    def _wait_checkpoint(self, run: _Run, files: JobFiles, before: tuple[int, int] | None) -> str | None:
+        box: list[str | None] = []
+
+        def act() -> str:
+            deadline = self.clock() + self.checkpoint_grace
+            while True:
+                now_id = _file_id(files.status)
+                outcome = _read_outcome(files.status) if now_id is not None and now_id != before else None
+                if outcome is not None or self.clock() >= deadline:
+                    break
+                self.sleep(self.poll_interval)
+            box.append(outcome)
+            if outcome is None:
+                return f"no fresh {files.status.name}: the wrapper did not report a clean suspend"
+            ck = "checkpoint present" if files.checkpoint.exists() else "no checkpoint file"
+            return f"wrapper reported {outcome}, {ck}"
+
+        run.do(Step.WAIT_CHECKPOINT, act)
+        return box[0]
+
+    def _finished(self, run: _Run, job: SlurmJob, files: JobFiles | None, before: tuple[int, int] | None) -> OpResult:
+        status = None
+        if files is not None and _file_id(files.status) != before:
+            status = _read_outcome(files.status)
+        detail = f"job is {job.state}" + (f", wrapper reported {status}" if status else "")
+        return run.result(Outcome.FINISHED, detail=detail)
+
+    def _admin_hold(self, run: _Run, job: SlurmJob) -> None:
+        if job.hold is HoldKind.ADMIN:
+            run.skip(Step.ADMIN_HOLD, "already admin-held")
+            return
+
+        def act() -> str:
+            self.backend.hold(run.job_id)
+            j = self.backend.job(run.job_id)
+            if j.hold is not HoldKind.ADMIN and not j.finished:
+                raise ProtocolError(
+                    f"job {run.job_id} is not admin-held after scontrol hold ({j.reason}); "
+                    "run this as root or the SlurmUser"
+                )
+            return f"admin hold ({j.reason})"
+
+        run.do(Step.ADMIN_HOLD, act)
+
+    # -- resume ------------------------------------------------------------------------------------
+
+    def resume(self, job_id: str, placement: Placement) -> OpResult:
+        """Start a held job (suspended, or never started) on exactly `placement` and wait until it runs."""
+        return self._resume(_Run(self, job_id, Op.RESUME), placement)
+
+    def _resume(self, run: _Run, placement: Placement) -> OpResult:
+        _check_placement(placement)
+        job_id = run.job_id
+        job = self.backend.job(job_id)
+        ph = phase(job)
+        if ph is Phase.FINISHED:
+            return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
+        if ph is Phase.RUNNING:
+            current = placement_of(job)
+            if current == placement:
+                for s in (Step.SET_PLACEMENT, Step.CLEAR_BEGIN, Step.RELEASE, Step.WAIT_RUNNING, Step.VERIFY):
+                    run.skip(s, "already running there")
+                return run.result(Outcome.RUNNING, placement)
+            raise ProtocolError(f"job {job_id} is running on {current}: suspend it first, or use migrate / resize")
+        if ph is Phase.STOPPING:
+            raise ProtocolError(f"job {job_id} is {job.state}: suspend it (or wait) before resuming")
+        node = placement.nodes[0]
+        kind = gres_kind(job.tres_per_node)
+        gres = plan_gres(job, placement)
+        if ph is Phase.RELEASED:
+            # Freeze it so Slurm cannot start it on the old request between the updates below.
+            self._admin_hold(run, job)
+
+        def set_placement() -> str:
+            try:
+                self.backend.update(job_id, nodelist=node, gres=gres)
+            except InvalidRequest as exc:
+                if "gres" not in str(exc).lower() and "generic resource" not in str(exc).lower():
+                    raise
+                raise ProtocolError(_gres_refusal(job_id, kind, placement, str(exc))) from exc
+            return f"nodelist={node} gres={gres}"
+
+        run.do(Step.SET_PLACEMENT, set_placement)
+        run.do(Step.CLEAR_BEGIN, lambda: self._update(job_id, "starttime=now", starttime="now"))
+
+        def release() -> str:
+            self.backend.release(job_id)
+            return "released"
+
+        run.do(Step.RELEASE, release)
+        box: list[SlurmJob] = []
+
+        def wait_running() -> str:
+            j, ok = self._wait(job_id, lambda j: phase(j) is Phase.RUNNING, self.start_timeout)
+            box.append(j)
+            if ok:
+                return f"RUNNING on {','.join(j.nodes)}"
+            if j.finished:
+                return f"finished: {j.state}"
+            # Do not leave it free to start later where the controller no longer expects it.
+            with contextlib.suppress(SlurmError):
+                self.backend.hold(job_id)
+            raise ProtocolError(
+                f"job {job_id} did not start within {self.start_timeout:.0f} s (still {j.state}, {j.reason}); "
+                "it is held again: free those GPUs or pick others"
+            )
+
+        run.do(Step.WAIT_RUNNING, wait_running)
+        job = box[0]
+        if job.finished:
+            return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
+
+        def verify() -> str:
+            got = placement_of(self.backend.job(job_id))
+            if got != placement:
+                raise ProtocolError(
+                    f"job {job_id} runs on {got}, not on {placement} as asked; check gres.conf for the node"
+                )
+            return f"Slurm gave {got}"
+
+        run.do(Step.VERIFY, verify)
+        return run.result(Outcome.RUNNING, placement)
+
+    def _update(self, job_id: str, what: str, **fields: str) -> str:
+        self.backend.update(job_id, **fields)
+        return what
+
+    # -- migrate / resize --------------------------------------------------------------------------
+
+    def migrate(self, job_id: str, placement: Placement) -> OpResult:
+        """Move a job to `placement` (same GPU count): suspend, then resume there."""
+        return self._move(Op.MIGRATE, job_id, placement)
+
+    def resize(self, job_id: str, placement: Placement) -> OpResult:
+        """Give a job another GPU count: suspend, then resume on `placement` (world-size independent ckpt)."""
+        return self._move(Op.RESIZE, job_id, placement)
+
+    def _move(self, op: Op, job_id: str, placement: Placement) -> OpResult:
+        _check_placement(placement)
+        run = _Run(self, job_id, op)
+        job = self.backend.job(job_id)
+        ph = phase(job)
+        if ph is Phase.RUNNING and placement_of(job) == placement:
+            run.skip(Step.SIGNAL, "already running there")
+            return run.result(Outcome.RUNNING, placement)
+        if ph is not Phase.FINISHED:
+            plan_gres(job, placement)  # refuse before stopping the job, not after
+        if ph in (Phase.RUNNING, Phase.STOPPING, Phase.REQUEUED, Phase.RELEASED):
+            first = self._suspend(run)
+            if first.outcome is Outcome.FINISHED:
+                return first
+            escalated = first.outcome is Outcome.ESCALATED
+        else:
+            escalated = False
+        res = self._resume(run, placement)
+        if escalated and res.outcome is Outcome.RUNNING:
+            return OpResult(
+                job_id,
+                op,
+                Outcome.RUNNING,
+                res.steps,
+                placement,
+                "suspend escalated: progress since its last checkpoint was lost",
+            )
+        return res
+
+
+def typed_indices(tres_per_node: str) -> set[int]:
+    """GPU indices named by a typed request (gpu:gK:n or shard:gK:n entries)."""
+    out: set[int] = set()
+    for b in _gres_entries(tres_per_node):
+        if len(b) == 3 and b[1].startswith("g") and b[1][1:].isdigit():
+            out.add(int(b[1][1:]))
+    return out
+
+
+def plan_gres(job: SlurmJob, placement: Placement) -> str:
+    """The per-GPU typed gres that gives `job` exactly `placement`; ProtocolError where Slurm cannot.
+
+    The backend replaces a job's gpu request (Slurm 22.05 would merge an update into the old request; the
+    CLI backend clears it first). Shards cannot be replaced that way (clearing them crashes slurmctld
+    22.05) and a job cannot switch between gpu and shard: a job booked on shards keeps them and may
+    only add more, a job booked on whole GPUs is never packed. Jobs submitted without --gres can start
+    either way.
+    """
+    kind = gres_kind(job.tres_per_node)
+    if kind is GresKind.SHARD:
+        if not placement.shared:
+            raise ProtocolError(_gres_refusal(job.job_id, kind, placement))
+        before = typed_indices(job.tres_per_node)
+        want = set(placement.on_node(placement.nodes[0]))
+        if not before <= want:
+            raise ProtocolError(
+                f"job {job.job_id} holds shards of GPUs {sorted(before)}: Slurm 22.05 cannot take shards away "
+                f"from a job, so it cannot move to {placement}; pick GPUs that include {sorted(before)}"
+            )
+    elif kind is not GresKind.NONE and placement.shared:
+        raise ProtocolError(_gres_refusal(job.job_id, kind, placement))
+    return gres_for(placement)
+
+
+def _gres_refusal(job_id: str, kind: GresKind, placement: Placement, why: str = "") -> str:
+    want = "shards" if placement.shared else "whole GPUs"
+    if kind is GresKind.SHARD:
+        hint = "it is booked on shards, and Slurm cannot switch a job between shards and whole GPUs"
+    elif placement.shared:
+        hint = "it is booked on whole GPUs, and Slurm cannot switch a job to shards; submit it without --gres"
+    else:
+        hint = "check the node's gres.conf"
+    return f"cannot give job {job_id} {want}{f' ({why})' if why else ''}: {hint}; the job stays as it is"
+
+
+def _check_placement(placement: Placement) -> None:
+    if not placement.gpus:
+        raise BadRequest("a placement needs at least one GPU")
+    if len(placement.nodes) != 1:
+        raise BadRequest(f"placement {placement} spans several nodes; the wrapper runs a job on one node")
+
+
+def parse_node_gpus(gres: str) -> tuple[int, ...]:
+    """GPU indices in a node's configured gres (the project's one-type-per-GPU form gpu:gK:1)."""
+    out: set[int] = set()
+    for part in gres.split(","):
+        bits = part.split("(")[0].split(":")
+        if len(bits) >= 2 and bits[0] == "gpu" and bits[1].startswith("g") and bits[1][1:].isdigit():
+            out.add(int(bits[1][1:]))
+    return tuple(sorted(out))
+
+
+def busy_gpus(jobs: tuple[SlurmJob, ...], node: str, *, exclude: str = "") -> set[int]:
+    """GPU indices on `node` that running jobs other than `exclude` hold, whole or as shards."""
+    busy: set[int] = set()
+    for j in jobs:
+        if j.job_id == exclude or not j.running:
+            continue
+        busy.update(j.gpus.get(node, ()))
+        busy.update(j.shards.get(node, ()))
+    return busy
+
+
+def choose_gpus(
+    node_gpus: tuple[int, ...], busy: set[int], count: int, prefer: tuple[int, ...] = ()
+) -> tuple[int, ...]:
+    """`count` free GPUs: the preferred (a job's current) ones first, then the lowest indices."""
+    free = [g for g in node_gpus if g not in busy]
+    ordered = [g for g in prefer if g in free] + [g for g in free if g not in prefer]
+    if len(ordered) < count:
+        raise BadRequest(f"only {len(free)} free GPUs ({free}) for {count} requested: pick another node")
+    return tuple(sorted(ordered[:count]))
+
+
+def as_mapping(result: OpResult) -> Mapping[str, object]:
+    """A JSON-ready view of a result (for --json output and benchmarks)."""
+    return {
+        "job_id": result.job_id,
+        "op": result.op.value,
+        "outcome": result.outcome.value,
+        "placement": str(result.placement) if result.placement else None,
+        "detail": result.detail,
+        "seconds": result.seconds,
+        "steps": [
+            {"step": s.step.value, "seconds": s.seconds, "detail": s.detail, "skipped": s.skipped} for s in result.steps
+        ],
+    }

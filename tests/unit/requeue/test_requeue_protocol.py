@@ -1,0 +1,365 @@
+"""The requeue protocol against an in-memory Slurm: step order, idempotence, escalation, verification."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from requeue_fakes import FakeClock, FakeJob, FakeSlurm
+
+from slurm_gandiva.errors import BadRequest, PermissionDenied, ProtocolError
+from slurm_gandiva.model import GpuRef, Placement
+from slurm_gandiva.requeue.protocol import (
+    GresKind,
+    Op,
+    Outcome,
+    Phase,
+    RequeueProtocol,
+    Step,
+    StepEvent,
+    StepEventKind,
+    StepRecord,
+    as_mapping,
+    busy_gpus,
+    choose_gpus,
+    gres_for,
+    gres_kind,
+    parse_node_gpus,
+    phase,
+)
+from slurm_gandiva.slurm.base import HoldKind
+
+
+def place(node: str, *gpus: int, shared: bool = False) -> Placement:
+    return Placement(tuple(GpuRef(node, g) for g in gpus), shared=shared)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def slurm(clock: FakeClock, tmp_path: Path) -> FakeSlurm:
+    return FakeSlurm(clock, jobs_root=tmp_path)
+
+
+@pytest.fixture
+def events() -> list[StepEvent]:
+    return []
+
+
+@pytest.fixture
+def proto(slurm: FakeSlurm, clock: FakeClock, tmp_path: Path, events: list[StepEvent]) -> RequeueProtocol:
+    return RequeueProtocol(
+        slurm,
+        suspend_timeout=10.0,
+        start_timeout=5.0,
+        clock=clock,
+        sleep=clock.sleep,
+        journal=events.append,
+        jobs_root=tmp_path,
+    )
+
+
+def ran(result_steps: tuple[StepRecord, ...], skipped: bool = False) -> list[Step]:
+    return [s.step for s in result_steps if s.skipped is skipped]
+
+
+def test_suspend_running_job_signals_waits_and_admin_holds(
+    proto: RequeueProtocol, slurm: FakeSlurm, events: list[StepEvent]
+) -> None:
+    slurm.add(FakeJob("7"))
+    res = proto.suspend("7")
+    assert res.outcome is Outcome.SUSPENDED and not res.escalated
+    assert ran(res.steps) == [Step.SIGNAL, Step.WAIT_REQUEUE, Step.WAIT_CHECKPOINT, Step.ADMIN_HOLD]
+    assert slurm.called("signal") == [("signal", "7", "USR2")]
+    assert slurm.called("requeue_hold") == []  # the wrapper did it, not root
+    job = slurm.job("7")
+    assert job.hold is HoldKind.ADMIN and phase(job) is Phase.HELD
+    assert "reported suspended" in (res.step(Step.WAIT_CHECKPOINT) or pytest.fail()).detail
+    # The wait took about as long as the fake wrapper needed, and the journal saw every step start and end.
+    wait = res.step(Step.WAIT_REQUEUE)
+    assert wait is not None and 0.4 <= wait.seconds <= 1.0
+    kinds = [(e.step, e.kind) for e in events]
+    assert kinds[:2] == [(Step.SIGNAL, StepEventKind.START), (Step.SIGNAL, StepEventKind.END)]
+    assert all(e.job_id == "7" and e.op is Op.SUSPEND for e in events)
+    assert "admin-hold" in res.describe() and "total" in res.describe()
+
+
+def test_suspend_twice_is_a_no_op(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7"))
+    proto.suspend("7")
+    n = len(slurm.calls)
+    again = proto.suspend("7")
+    assert again.outcome is Outcome.SUSPENDED
+    assert len(slurm.calls) == n, "an already suspended job must not be signalled or held again"
+    assert ran(again.steps) == []
+
+
+def test_suspend_after_crash_between_requeue_and_admin_hold(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(
+        FakeJob("7", state="PENDING", reason="job_requeued_in_held_state", hold=HoldKind.USER, restart_count=1, gpus=())
+    )
+    assert phase(slurm.job("7")) is Phase.REQUEUED
+    res = proto.suspend("7")
+    assert ran(res.steps) == [Step.ADMIN_HOLD]
+    assert slurm.called("signal") == []
+    assert slurm.job("7").hold is HoldKind.ADMIN
+
+
+def test_suspend_of_a_pending_unheld_job_just_holds_it(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("8", state="PENDING", gpus=(), begin=5000.0))
+    res = proto.suspend("8")
+    assert res.outcome is Outcome.SUSPENDED and ran(res.steps) == [Step.ADMIN_HOLD]
+    assert phase(slurm.job("8")) is Phase.QUEUED_HELD
+
+
+def test_suspend_escalates_when_the_job_ignores_the_signal(
+    proto: RequeueProtocol, slurm: FakeSlurm, clock: FakeClock
+) -> None:
+    slurm.add(FakeJob("9", on_signal="ignore"))
+    t0 = clock()
+    res = proto.suspend("9")
+    assert res.outcome is Outcome.ESCALATED and res.escalated
+    assert clock() - t0 >= 10.0  # waited the whole suspend timeout first
+    assert slurm.called("requeue_hold") == [("requeue_hold", "9", "")]
+    assert ran(res.steps) == [Step.SIGNAL, Step.WAIT_REQUEUE, Step.ESCALATE, Step.ADMIN_HOLD]
+    assert "lost" in res.detail and "lost" in res.describe()
+    assert slurm.job("9").hold is HoldKind.ADMIN
+
+
+def test_job_that_finishes_instead_is_reported_finished(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("10", on_signal="finish"))
+    res = proto.suspend("10")
+    assert res.outcome is Outcome.FINISHED
+    assert "COMPLETED" in res.detail and "done" in res.detail
+    assert slurm.called("hold") == [] and slurm.called("requeue_hold") == []
+
+
+def test_stale_status_file_is_not_taken_for_a_fresh_suspend(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("11", on_signal="suspend-silent"))
+    slurm.write_status("11", "suspended")  # left over from an earlier slice
+    res = proto.suspend("11")
+    assert res.outcome is Outcome.SUSPENDED
+    detail = (res.step(Step.WAIT_CHECKPOINT) or pytest.fail()).detail
+    assert "no fresh status.json" in detail
+
+
+def test_resume_sets_exact_gpus_clears_begin_time_and_releases(
+    proto: RequeueProtocol, slurm: FakeSlurm, clock: FakeClock
+) -> None:
+    slurm.add(FakeJob("7", req_gres=""))  # submitted without --gres: the first placement is exact
+    proto.suspend("7")
+    res = proto.resume("7", place("n2", 0, 2))
+    assert res.outcome is Outcome.RUNNING and res.placement == place("n2", 0, 2)
+    assert ran(res.steps) == [Step.SET_PLACEMENT, Step.CLEAR_BEGIN, Step.RELEASE, Step.WAIT_RUNNING, Step.VERIFY]
+    assert [c[2] for c in slurm.called("update")] == ["gres=gpu:g0:1,gpu:g2:1 nodelist=n2", "starttime=now"]
+    job = slurm.job("7")
+    assert job.running and dict(job.gpus) == {"n2": (0, 2)}
+    # Without starttime=now the job would have waited out the ~120 s requeue BeginTime.
+    wait = res.step(Step.WAIT_RUNNING)
+    assert wait is not None and wait.seconds < 1.0
+
+
+def test_resume_shared_uses_shards(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7", state="PENDING", hold=HoldKind.ADMIN, reason="JobHeldAdmin", gpus=(), req_gres=""))
+    res = proto.resume("7", place("n1", 3, shared=True))
+    assert res.outcome is Outcome.RUNNING
+    assert slurm.called("update")[0][2] == "gres=shard:g3:1 nodelist=n1"
+    assert dict(slurm.job("7").shards) == {"n1": (3,)}
+
+
+def test_whole_gpu_jobs_are_never_packed_and_are_not_stopped_for_nothing(
+    proto: RequeueProtocol, slurm: FakeSlurm
+) -> None:
+    slurm.add(FakeJob("7", state="PENDING", hold=HoldKind.ADMIN, reason="JobHeldAdmin", gpus=(), req_gres="gpu:g3:1"))
+    with pytest.raises(ProtocolError, match=r"booked on whole GPUs.*stays as it is"):
+        proto.resume("7", place("n1", 3, shared=True))
+    slurm.add(FakeJob("8", node="n1", gpus=(0, 1), req_gres="gpu:2"))
+    with pytest.raises(ProtocolError, match="booked on whole GPUs"):
+        proto.migrate("8", place("n1", 0, 1, shared=True))
+    assert slurm.calls == [] and slurm.job("8").running  # refused before the signal, not after
+    assert phase(slurm.job("7")) is Phase.QUEUED_HELD
+
+
+def test_any_gpu_job_gets_exactly_the_gpus_asked_for(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    # Submitted with an untyped count (as `gandiva sbatch` does): the first placement makes it exact.
+    slurm.add(FakeJob("7", node="n1", gpus=(0, 1), req_gres="gpu:2"))
+    res = proto.migrate("7", place("n2", 1, 3))
+    assert res.placement == place("n2", 1, 3) and dict(slurm.job("7").gpus) == {"n2": (1, 3)}
+    assert slurm.called("update")[0][2] == "gres=gpu:g1:1,gpu:g3:1 nodelist=n2"
+    # Shrink to a GPU it did not have, then grow elsewhere: each time exactly what was asked.
+    assert proto.resize("7", place("n2", 0)).placement == place("n2", 0)
+    assert dict(slurm.job("7").gpus) == {"n2": (0,)}
+    assert proto.resize("7", place("n1", 2, 3)).placement == place("n1", 2, 3)
+    assert dict(slurm.job("7").gpus) == {"n1": (2, 3)} and slurm.job("7").restart_count == 3
+
+
+def test_packed_job_keeps_its_shards_and_may_add_more(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7", state="PENDING", hold=HoldKind.ADMIN, reason="JobHeldAdmin", gpus=(), req_gres=""))
+    assert proto.resume("7", place("n1", 1, shared=True)).outcome is Outcome.RUNNING
+    res = proto.migrate("7", place("n1", 1, 2, shared=True))
+    assert res.outcome is Outcome.RUNNING and dict(slurm.job("7").shards) == {"n1": (1, 2)}
+    n = len(slurm.calls)
+    with pytest.raises(ProtocolError, match=r"cannot take shards away.*include \[1, 2\]"):
+        proto.migrate("7", place("n2", 2, shared=True))
+    with pytest.raises(ProtocolError, match="booked on shards"):
+        proto.migrate("7", place("n1", 1, 2))
+    assert len(slurm.calls) == n and slurm.job("7").running
+    # Another node, same GPUs: fine.
+    assert proto.migrate("7", place("n2", 1, 2, shared=True)).placement == place("n2", 1, 2, shared=True)
+
+
+def test_resume_is_idempotent_once_running(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7", node="n1", gpus=(0, 1)))
+    n = len(slurm.calls)
+    res = proto.resume("7", place("n1", 0, 1))
+    assert res.outcome is Outcome.RUNNING and ran(res.steps) == [] and len(slurm.calls) == n
+    with pytest.raises(ProtocolError, match="migrate"):
+        proto.resume("7", place("n2", 0, 1))
+
+
+def test_resume_rerun_after_a_crash_mid_way(slurm: FakeSlurm, clock: FakeClock, tmp_path: Path) -> None:
+    slurm.add(
+        FakeJob(
+            "7",
+            state="PENDING",
+            hold=HoldKind.ADMIN,
+            reason="JobHeldAdmin",
+            gpus=(),
+            restart_count=1,
+            begin=clock() + 120,
+            req_gres="gpu:g1:1",
+        )
+    )
+
+    class Died(Exception):
+        pass
+
+    def dying_journal(e: StepEvent) -> None:
+        if e.step is Step.CLEAR_BEGIN and e.kind is StepEventKind.START:
+            raise Died
+
+    crashing = RequeueProtocol(slurm, clock=clock, sleep=clock.sleep, journal=dying_journal)
+    with pytest.raises(Died):
+        crashing.resume("7", place("n2", 1))
+    job = slurm.job("7")
+    assert phase(job) is Phase.HELD  # placement set, still held: safe to redo
+    res = RequeueProtocol(slurm, clock=clock, sleep=clock.sleep).resume("7", place("n2", 1))
+    assert res.outcome is Outcome.RUNNING and dict(slurm.job("7").gpus) == {"n2": (1,)}
+
+
+def test_resume_of_a_released_pending_job_holds_it_first(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7", state="PENDING", gpus=(), begin=99999.0, restart_count=1, req_gres=""))
+    assert phase(slurm.job("7")) is Phase.RELEASED
+    res = proto.resume("7", place("n1", 2))
+    assert ran(res.steps)[:2] == [Step.ADMIN_HOLD, Step.SET_PLACEMENT]
+    assert res.outcome is Outcome.RUNNING
+
+
+def test_resume_fails_when_slurm_gives_other_gpus(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(
+        FakeJob(
+            "7", state="PENDING", hold=HoldKind.ADMIN, reason="JobHeldAdmin", gpus=(), give_wrong_gpus=True, req_gres=""
+        )
+    )
+    with pytest.raises(ProtocolError, match="not on"):
+        proto.resume("7", place("n1", 0))
+
+
+def test_resume_times_out_on_busy_gpus_and_holds_again(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("1", node="n1", gpus=(0,)))
+    slurm.add(FakeJob("7", state="PENDING", hold=HoldKind.ADMIN, reason="JobHeldAdmin", gpus=(), req_gres=""))
+    with pytest.raises(ProtocolError, match=r"did not start .* Resources"):
+        proto.resume("7", place("n1", 0))
+    assert slurm.job("7").hold is HoldKind.ADMIN and slurm.job("7").pending
+
+
+def test_migrate_suspends_then_resumes_elsewhere(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7", node="n1", gpus=(2, 3), req_gres="gpu:g2:1,gpu:g3:1"))
+    res = proto.migrate("7", place("n2", 2, 3))
+    assert res.op is Op.MIGRATE and res.outcome is Outcome.RUNNING
+    assert ran(res.steps) == [
+        Step.SIGNAL,
+        Step.WAIT_REQUEUE,
+        Step.WAIT_CHECKPOINT,
+        Step.ADMIN_HOLD,
+        Step.SET_PLACEMENT,
+        Step.CLEAR_BEGIN,
+        Step.RELEASE,
+        Step.WAIT_RUNNING,
+        Step.VERIFY,
+    ]
+    assert dict(slurm.job("7").gpus) == {"n2": (2, 3)} and slurm.job("7").restart_count == 1
+    # Re-running the same migrate is a no-op.
+    n = len(slurm.calls)
+    assert proto.migrate("7", place("n2", 2, 3)).outcome is Outcome.RUNNING and len(slurm.calls) == n
+
+
+def test_resize_changes_gpu_count(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7", node="n1", gpus=(0, 1)))
+    assert proto.resize("7", place("n1", 0)).outcome is Outcome.RUNNING
+    assert dict(slurm.job("7").gpus) == {"n1": (0,)}
+    res = proto.resize("7", place("n1", 0, 1))
+    assert dict(slurm.job("7").gpus) == {"n1": (0, 1)} and slurm.job("7").restart_count == 2
+    assert as_mapping(res)["outcome"] == "running"
+
+
+def test_migrate_of_a_job_that_finishes_stops_there(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7", on_signal="finish"))
+    res = proto.migrate("7", place("n2", 0, 1))
+    assert res.outcome is Outcome.FINISHED and slurm.called("update") == []
+
+
+def test_permission_denied_propagates(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.root = False
+    slurm.add(FakeJob("7"))
+    with pytest.raises(PermissionDenied):
+        proto.suspend("7")
+    assert phase(slurm.job("7")) is Phase.REQUEUED  # only the owner's hold: re-run as root to finish
+
+
+def test_multi_node_placement_is_refused(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7"))
+    with pytest.raises(BadRequest, match="one node"):
+        proto.resume("7", Placement((GpuRef("n1", 0), GpuRef("n2", 0))))
+    assert slurm.calls == []
+
+
+def test_phase_table() -> None:
+    clock = FakeClock()
+    s = FakeSlurm(clock)
+    cases = [
+        (FakeJob("a"), Phase.RUNNING),
+        (FakeJob("b", state="COMPLETING"), Phase.STOPPING),
+        (FakeJob("c", state="PENDING", hold=HoldKind.ADMIN, restart_count=2), Phase.HELD),
+        (FakeJob("d", state="PENDING", hold=HoldKind.ADMIN), Phase.QUEUED_HELD),
+        (FakeJob("e", state="PENDING", hold=HoldKind.USER), Phase.REQUEUED),
+        (FakeJob("f", state="PENDING", reason="job_requeued_in_held_state"), Phase.REQUEUED),
+        (FakeJob("g", state="PENDING", reason="BeginTime"), Phase.RELEASED),
+        (FakeJob("h", state="FAILED"), Phase.FINISHED),
+    ]
+    for fj, want in cases:
+        s.add(fj)
+        assert phase(s.job(fj.job_id)) is want, fj.job_id
+
+
+def test_gres_and_gpu_choice_helpers() -> None:
+    assert gres_for(place("n1", 2, 0)) == "gpu:g0:1,gpu:g2:1"
+    assert gres_for(place("n1", 1, shared=True)) == "shard:g1:1"
+    assert gres_kind("") is GresKind.NONE
+    assert gres_kind("gres:gpu:g0:1,gres:gpu:g2:1") is GresKind.GPU
+    assert gres_kind("gres:gpu:2") is GresKind.UNTYPED
+    assert gres_kind("gres:shard:g1:1") is GresKind.SHARD
+    assert gres_kind("gres/gpu:0") is GresKind.NONE
+    assert parse_node_gpus("gpu:g0:1,gpu:g1:1(S:0),shard:g0:2,gpu:g3:1") == (0, 1, 3)
+    assert choose_gpus((0, 1, 2, 3), {1}, 2, prefer=(3,)) == (0, 3)
+    with pytest.raises(BadRequest, match="free"):
+        choose_gpus((0, 1), {0}, 2)
+    clock = FakeClock()
+    s = FakeSlurm(clock)
+    s.add(FakeJob("1", node="n1", gpus=(0, 1)))
+    s.add(FakeJob("2", node="n1", gpus=(3,), shared=True))
+    assert busy_gpus(s.jobs(), "n1") == {0, 1, 3}
+    assert busy_gpus(s.jobs(), "n1", exclude="1") == {3}
