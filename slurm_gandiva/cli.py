@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "slurm_gandiva.report.cli",  # sacct, report
     "slurm_gandiva.sim.cli",  # simulate
     "slurm_gandiva.topology.cli",  # topology probe|collect, gres-conf
+    "slurm_gandiva.submit.cli",  # sbatch
     "slurm_gandiva.demo",  # demo (the README's main job)
 )
 

@@ -1,0 +1,222 @@
+"""`gandiva sbatch`: submit a job the controller owns, as the calling user.
+
+Where things are found (first that applies):
+  jobs root: --jobs-root, $GANDIVA_JOBS_ROOT, <dir of $SLURM_CONF>/../jobs (a devcluster), the controller's
+             config ($GANDIVA_CONF or /etc/gandiva/gandiva.conf: jobs_dir), /var/lib/gandiva/jobs
+  topology:  --topology, $GANDIVA_TOPOLOGY, <dir of $SLURM_CONF>/../topology.json, the controller's config
+             (topology_file, when it exists), else the GPUs Slurm reports
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from slurm_gandiva.errors import BadRequest, ConfigError, GandivaError
+from slurm_gandiva.model import Topology
+from slurm_gandiva.requeue.contract import JOB_MARK
+from slurm_gandiva.slurm.base import SlurmBackend, SlurmNode, SubmitRequest
+from slurm_gandiva.submit.request import USAGE, ClusterLimits, SbatchRequest, parse_request, validate
+from slurm_gandiva.submit.spec import SubmitSpec, write_spec
+
+DEFAULT_JOBS_ROOT = "/var/lib/gandiva/jobs"
+SYSTEM_CONFIG = "/etc/gandiva/gandiva.conf"
+JOBS_ROOT_ENV = "GANDIVA_JOBS_ROOT"
+TOPOLOGY_ENV = "GANDIVA_TOPOLOGY"
+if TYPE_CHECKING:
+    from slurm_gandiva.controller.config import ControllerConfig
+
+_GPU_GRES = re.compile(r"^gpu(?::[^:(,]+)?:(\d+)")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # prefix_chars="+" so that every sbatch option (which we do not know in advance) reaches the handler.
+    p = subparsers.add_parser(
+        "sbatch",
+        help="submit a job that the gandiva controller schedules (sbatch options pass through)",
+        description=__doc__ + "\n" + USAGE,
+        prefix_chars="+",
+        add_help=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="[sbatch options] [--gpus N|MIN:MAX] -- CMD ...")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    req = parse_request(args.argv)
+    if req.help:
+        print(__doc__)
+        print(USAGE)
+        return 0
+    from slurm_gandiva.slurm import make_backend
+
+    env = dict(os.environ)
+    job_id = submit(req, backend=make_backend(env), env=env, user=_current_user(), now=time.time)
+    print(job_id if req.parsable else f"Submitted batch job {job_id}")
+    return 0
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where the submission's files are."""
+
+    jobs_root: Path
+    topology: Path | None
+    signal: str | None = None  # the controller's suspend signal, when its config was read
+
+
+def resolve_paths(req: SbatchRequest, env: Mapping[str, str]) -> Resolved:
+    """The jobs root (must exist) and the topology file (None: ask Slurm), per the module doc."""
+    cluster_dir = Path(env["SLURM_CONF"]).parent.parent if env.get("SLURM_CONF") else None
+    if cluster_dir is not None and not (cluster_dir / "jobs").is_dir():
+        cluster_dir = None  # not a devcluster layout
+    cfg = _controller_config(env) if cluster_dir is None else None
+    jobs = req.jobs_root or env.get(JOBS_ROOT_ENV)
+    if jobs is None:
+        if cluster_dir is not None:
+            jobs = str(cluster_dir / "jobs")
+        elif cfg is not None:
+            jobs = str(cfg.job_root)
+        else:
+            jobs = DEFAULT_JOBS_ROOT
+    jobs_root = Path(jobs)
+    if not jobs_root.is_dir():
+        raise ConfigError(
+            f"jobs root {jobs_root} does not exist: pass --jobs-root DIR or set {JOBS_ROOT_ENV} "
+            "(ask your admin for the controller's jobs directory)"
+        )
+    topo = req.topology or env.get(TOPOLOGY_ENV)
+    if topo is None and cluster_dir is not None and (cluster_dir / "topology.json").is_file():
+        topo = str(cluster_dir / "topology.json")
+    if topo is None and cfg is not None and cfg.topology_file.is_file():
+        topo = str(cfg.topology_file)
+    return Resolved(jobs_root.absolute(), Path(topo) if topo else None, cfg.signal if cfg is not None else None)
+
+
+def _controller_config(env: Mapping[str, str]) -> ControllerConfig | None:
+    """The controller's config when one is readable ($GANDIVA_CONF, else /etc/gandiva/gandiva.conf)."""
+    from slurm_gandiva.controller.config import CONFIG_ENV, load_config
+
+    path = env.get(CONFIG_ENV) or SYSTEM_CONFIG
+    if not Path(path).is_file() or not os.access(path, os.R_OK):
+        return None  # absent, or readable by the controller only
+    return load_config(path)
+
+
+def limits_from(topology: Topology | None, nodes: Sequence[SlurmNode]) -> ClusterLimits:
+    """GPUs per node from the topology file (else from Slurm's configured gres) and Slurm's partitions."""
+    partitions: dict[str, list[str]] = {}
+    for n in nodes:
+        for p in n.partitions:
+            partitions.setdefault(p, []).append(n.name)
+    if topology is not None:
+        node_gpus = {n.name: len(n.gpus) for n in topology.nodes}
+    else:
+        node_gpus = {n.name: gres_gpu_count(n.gres) for n in nodes}
+    return ClusterLimits(node_gpus, {p: tuple(ns) for p, ns in partitions.items()})
+
+
+def gres_gpu_count(gres: str) -> int:
+    """GPUs in a configured gres string, e.g. "gpu:g0:1,gpu:g1:1,shard:g0:2" -> 2, "gpu:4(S:0-1)" -> 4."""
+    total = 0
+    for item in gres.split(","):
+        m = _GPU_GRES.match(item.strip())
+        if m:
+            total += int(m.group(1))
+    return total
+
+
+def sbatch_options(req: SbatchRequest, name: str) -> list[str]:
+    """The full sbatch option list: the user's pass-through options, then the ones gandiva always sets."""
+    opts = list(req.sbatch_options)
+    if req.job_name is None:
+        opts.append(f"--job-name={name}")
+    opts += [
+        f"--comment={JOB_MARK}",
+        "--hold",
+        "--requeue",
+        "--open-mode=append",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--gres=gpu:{req.gpus.min}",
+    ]
+    # Untyped gpu:N on purpose: Slurm 22.05 MERGES a typed gres update into the job's earlier request (a
+    # job once given gpu:g1 and then asked for gpu:g0 gets both), so a typed job can never move to other
+    # GPU indices. With gpu:N the controller sets node and count at each start and Slurm picks the GPUs.
+    return opts
+
+
+def default_name(command: Sequence[str]) -> str:
+    """The job name sbatch would not guess: the script a Python command runs, else the program."""
+    for word in command[1:]:
+        if word.endswith(".py"):
+            return Path(word).name
+    return Path(command[0]).name if command else "gandiva"
+
+
+def submit(
+    req: SbatchRequest,
+    *,
+    backend: SlurmBackend,
+    env: Mapping[str, str],
+    user: str,
+    now: Callable[[], float],
+    check_command: bool = True,
+    stderr: TextIO | None = None,
+) -> str:
+    """Validate, render, sbatch (held, marked), write the spec file; returns the job id.
+
+    Nothing reaches Slurm unless validation passed. If the spec cannot be written the job is cancelled.
+    """
+    from slurm_gandiva.submit.render import render_script, signal_name
+
+    paths = resolve_paths(req, env)
+    topology = None
+    if paths.topology is not None:
+        from slurm_gandiva.topology.file import read_topology
+
+        topology = read_topology(paths.topology)
+    nodes = backend.nodes()  # read-only: for partitions (and GPUs when there is no topology file)
+    validate(req, limits_from(topology, nodes), check_command=check_command)
+    sig = signal_name(req.signal or paths.signal or "USR2")
+    name = req.job_name if req.job_name is not None else default_name(req.command)
+    spec = SubmitSpec(
+        job_id="",
+        user=user,
+        min_gpus=req.gpus.min,
+        max_gpus=req.gpus.max,
+        model=req.model,
+        total_samples=req.total_samples,
+        name=name,
+        partition=req.partition or "",
+        signal=sig,
+        submitted=now(),
+        command=req.command,
+    )
+    script = render_script(spec, str(paths.jobs_root))
+    job_id = backend.submit(SubmitRequest(script=script, options=tuple(sbatch_options(req, name))))
+    try:
+        write_spec(paths.jobs_root, spec.with_job_id(job_id))
+    except OSError as exc:
+        try:
+            backend.cancel(job_id)
+        except GandivaError as cancel_exc:
+            print(f"gandiva: warning: could not cancel job {job_id}: {cancel_exc}", file=stderr or sys.stderr)
+        raise BadRequest(
+            f"could not write the job spec under {paths.jobs_root} ({exc.strerror}); job {job_id} was "
+            "cancelled: check that the jobs root is writable (mode 1777)"
+        ) from None
+    return job_id
+
+
+def _current_user() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name

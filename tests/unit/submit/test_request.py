@@ -1,0 +1,115 @@
+import pytest
+
+from slurm_gandiva.errors import BadRequest
+from slurm_gandiva.model import Topology
+from slurm_gandiva.submit.request import ClusterLimits, GpuRange, parse_request, validate
+
+LIMITS = ClusterLimits.from_topology(Topology.uniform(2, 4), partitions={"gpu": ("n1", "n2"), "small": ("n1",)})
+
+
+def test_parse_splits_ours_sbatch_and_command() -> None:
+    r = parse_request(
+        [
+            "-p",
+            "gpu",
+            "-J",
+            "x",
+            "--gpus",
+            "1:4",
+            "--time=10",
+            "--mem",
+            "100",
+            "--model",
+            "bert",
+            "--total-samples=640",
+            "--parsable",
+            "-o",
+            "out.txt",
+            "--",
+            "python",
+            "t.py",
+            "--gpus",
+            "9",
+            "--",
+        ]
+    )
+    assert r.command == ("python", "t.py", "--gpus", "9", "--")
+    assert r.gpus == GpuRange(1, 4)
+    assert (r.model, r.total_samples, r.parsable, r.partition, r.job_name) == ("bert", 640, True, "gpu", "x")
+    assert r.sbatch_options == ("-p", "gpu", "-J", "x", "--time=10", "--mem", "100", "-o", "out.txt")
+
+
+@pytest.mark.parametrize(
+    "argv,part", [(["-pgpu"], "gpu"), (["--partition=a,b"], "a,b"), (["--partition", "q"], "q"), ([], None)]
+)
+def test_partition_forms(argv: list[str], part: str | None) -> None:
+    assert parse_request([*argv, "--", "x"]).partition == part
+
+
+def test_a_value_is_not_taken_for_an_option() -> None:
+    r = parse_request(["-J", "-w", "--", "true"])  # a job named "-w" is odd but legal
+    assert r.job_name == "-w"
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--gpus", "3:1"], "MIN is larger than MAX"),
+        (["--gpus", "0"], "at least 1 GPU"),
+        (["--gpus", "two"], "give a number"),
+        (["--gpus", "1:2:3"], "give a number"),
+        (["--gres=gpu:2"], "--gres is managed"),
+        (["--gres", "gpu:2"], "--gres is managed"),
+        (["-G", "2"], "-G (--gpus-per-node) is managed"),
+        (["-w", "n1"], "-w (--nodelist) is managed"),
+        (["--comment=x"], "--comment is managed"),
+        (["--no-requeue"], "--no-requeue is managed"),
+        (["--open-mode=truncate"], "--open-mode is managed"),
+        (["--array=1-3"], "--array is managed"),
+        (["--total-samples", "-5"], "positive number"),
+        (["stray"], "unexpected 'stray'"),
+        (["--model"], "--model needs a value"),
+    ],
+)
+def test_bad_command_lines_are_refused_with_one_line(argv: list[str], needle: str) -> None:
+    with pytest.raises(BadRequest) as ei:
+        parse_request([*argv, "--", "true"])
+    msg = str(ei.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_help_flag() -> None:
+    assert parse_request(["--help"]).help
+    assert not parse_request(["--", "python", "--help"]).help
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--gpus", "9"], "the cluster has 8"),
+        (["--gpus", "5"], "largest node has 4 (a job runs on one node): use --gpus 4"),
+        (["--gpus", "2:6"], "use --gpus 2:4"),
+        (["-p", "nope", "--gpus", "1"], "unknown partition 'nope': choose one of gpu, small"),
+        (["-p", "small", "--gpus", "5"], "cluster has 4 in partition small"),
+    ],
+)
+def test_validation_refusals(argv: list[str], needle: str) -> None:
+    with pytest.raises(BadRequest) as ei:
+        validate(parse_request([*argv, "--", "true"]), LIMITS)
+    assert needle in str(ei.value)
+
+
+def test_validation_accepts_what_fits() -> None:
+    validate(parse_request(["--gpus", "1:4", "--", "true"]), LIMITS)
+    validate(parse_request(["-p", "small", "--gpus", "4", "--", "true"]), LIMITS)
+    # no partition info from Slurm: partitions are not checked
+    validate(parse_request(["-p", "any", "--", "true"]), ClusterLimits({"n1": 1}))
+
+
+def test_missing_command_refused() -> None:
+    with pytest.raises(BadRequest, match="no command"):
+        validate(parse_request(["--gpus", "1"]), LIMITS)
+    with pytest.raises(BadRequest, match="not found"):
+        validate(parse_request(["--", "/no/such/program"]), LIMITS)
+    with pytest.raises(BadRequest, match="not found"):
+        validate(parse_request(["--", "no-such-program-xyz"]), LIMITS)

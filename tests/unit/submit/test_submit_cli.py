@@ -1,0 +1,204 @@
+"""submit() against a fake backend: what reaches Slurm, what does not, and the spec file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from slurm_gandiva.errors import BadRequest, ConfigError
+from slurm_gandiva.model import Topology
+from slurm_gandiva.slurm.base import SlurmNode, SubmitRequest
+from slurm_gandiva.submit.cli import gres_gpu_count, resolve_paths, submit
+from slurm_gandiva.submit.request import parse_request
+from slurm_gandiva.submit.spec import read_spec, spec_from_script
+from slurm_gandiva.topology.file import write_topology
+
+
+@dataclass
+class FakeBackend:
+    submitted: list[SubmitRequest] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    next_id: int = 100
+
+    def nodes(self) -> tuple[SlurmNode, ...]:
+        gres = ",".join(f"gpu:g{k}:1" for k in range(4)) + ",shard:g0:2"
+        return tuple(SlurmNode(n, "IDLE", ("gpu",), gres, "") for n in ("n1", "n2"))
+
+    def submit(self, req: SubmitRequest) -> str:
+        self.submitted.append(req)
+        self.next_id += 1
+        return str(self.next_id)
+
+    def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
+        self.cancelled.append(job_id)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "jobs").mkdir()
+    write_topology(Topology.uniform(2, 4), tmp_path / "topology.json")
+    return {"SLURM_CONF": str(tmp_path / "etc" / "slurm.conf")}
+
+
+def _submit(argv: list[str], backend: FakeBackend, env: dict[str, str]) -> str:
+    return submit(parse_request(argv), backend=backend, env=env, user="alice", now=lambda: 5.0)  # type: ignore[arg-type]
+
+
+def test_good_request_is_held_marked_and_spec_written(cluster: dict[str, str], tmp_path: Path) -> None:
+    be = FakeBackend()
+    job = _submit(
+        [
+            "-p",
+            "gpu",
+            "-o",
+            "log.txt",
+            "--gpus",
+            "1:4",
+            "--model",
+            "bert",
+            "--total-samples",
+            "640",
+            "--",
+            "python3",
+            "train.py",
+            "--x",
+        ],
+        be,
+        cluster,
+    )
+    assert job == "101"
+    (req,) = be.submitted
+    opts = list(req.options)
+    for must in (
+        "--comment=gandiva",
+        "--hold",
+        "--requeue",
+        "--open-mode=append",
+        "--nodes=1",
+        "--ntasks=1",
+        "--job-name=train.py",
+    ):
+        assert must in opts
+    assert opts[:4] == ["-p", "gpu", "-o", "log.txt"]
+    assert [o for o in opts if o.startswith("--gres")] == ["--gres=gpu:1"]  # untyped: see sbatch_options
+    assert req.as_user is None  # as the caller
+    jobs = tmp_path / "jobs"
+    assert f'export GANDIVA_STATE_DIR={jobs}/"$SLURM_JOB_ID"' in req.script
+    assert req.script.rstrip().endswith("--signal USR2 -- python3 train.py --x")
+    spec = read_spec(jobs, "101", owner="alice")
+    assert spec is not None
+    assert (spec.min_gpus, spec.max_gpus, spec.model, spec.total_samples) == (1, 4, "bert", 640)
+    assert (spec.submitted, spec.partition, spec.command) == (5.0, "gpu", ("python3", "train.py", "--x"))
+    embedded = spec_from_script(req.script)
+    assert embedded is not None and embedded.with_job_id("101") == spec
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--gpus", "9", "--", "true"],
+        ["--gpus", "5", "--", "true"],
+        ["--gpus", "4:2", "--", "true"],
+        ["-p", "nope", "--", "true"],
+        ["--gpus", "1"],
+        ["--", "/no/such/cmd"],
+        ["--gres=gpu:1", "--", "true"],
+    ],
+)
+def test_bad_requests_submit_nothing(argv: list[str], cluster: dict[str, str], tmp_path: Path) -> None:
+    be = FakeBackend()
+    with pytest.raises(BadRequest):
+        _submit(argv, be, cluster)
+    assert be.submitted == []
+    assert not (tmp_path / "jobs" / "spec").exists() or not any((tmp_path / "jobs" / "spec").iterdir())
+
+
+def test_without_topology_file_gpus_come_from_slurm(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    be = FakeBackend()
+    env = {"GANDIVA_JOBS_ROOT": str(tmp_path / "jobs")}
+    with pytest.raises(BadRequest, match="largest node has 4"):
+        _submit(["--gpus", "5", "--", "true"], be, env)
+    assert _submit(["--gpus", "4", "--", "true"], be, env) == "101"
+
+
+def test_unwritable_spec_cancels_the_job(cluster: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "jobs" / "spec").write_text("not a directory")
+    be = FakeBackend()
+    with pytest.raises(BadRequest, match="job 101 was cancelled"):
+        _submit(["--", "true"], be, cluster)
+    assert be.cancelled == ["101"]
+
+
+def test_missing_jobs_root_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--jobs-root"):
+        resolve_paths(parse_request(["--jobs-root", str(tmp_path / "nope"), "--", "true"]), {})
+
+
+def test_resolve_from_devcluster_layout(cluster: dict[str, str], tmp_path: Path) -> None:
+    r = resolve_paths(parse_request(["--", "true"]), cluster)
+    assert (r.jobs_root, r.topology) == (tmp_path / "jobs", tmp_path / "topology.json")
+
+
+@pytest.mark.parametrize(
+    "gres,n",
+    [
+        ("gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2", 2),
+        ("gpu:4(S:0-1)", 4),
+        ("", 0),
+        ("(null)", 0),
+        ("gpu:tesla:2,mps:100", 2),
+    ],
+)
+def test_gres_gpu_count(gres: str, n: int) -> None:
+    assert gres_gpu_count(gres) == n
+
+
+def test_cli_refuses_with_one_line_and_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    from slurm_gandiva.cli import main
+
+    assert main(["sbatch", "--gpus", "3:1", "--", "true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "MIN is larger than MAX" in err
+
+
+def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from slurm_gandiva.cli import main
+
+    assert main(["sbatch", "--help"]) == 0
+    assert "usage: gandiva sbatch" in capsys.readouterr().out
+
+
+def test_resolve_from_the_controller_config(tmp_path: Path) -> None:
+    (tmp_path / "jobs-here").mkdir()
+    write_topology(Topology.uniform(1, 2), tmp_path / "topo.json")
+    conf = tmp_path / "gandiva.conf"
+    conf.write_text(
+        f"state_dir = {tmp_path}\njobs_dir = {tmp_path / 'jobs-here'}\ntopology_file = {tmp_path / 'topo.json'}\n"
+    )
+    r = resolve_paths(parse_request(["--", "true"]), {"GANDIVA_CONF": str(conf)})
+    assert (r.jobs_root, r.topology) == (tmp_path / "jobs-here", tmp_path / "topo.json")
+    assert r.signal == "USR2"
+    conf.write_text(conf.read_text() + "signal = SIGTERM\n")
+    assert resolve_paths(parse_request(["--", "true"]), {"GANDIVA_CONF": str(conf)}).signal == "TERM"
+    # a bad config is an error that names it, not a silent fallback
+    conf.write_text("quantum = -1\n")
+    with pytest.raises(ConfigError, match=r"gandiva\.conf:1"):
+        resolve_paths(parse_request(["--", "true"]), {"GANDIVA_CONF": str(conf)})
+
+
+def test_the_controllers_signal_is_the_default(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    conf = tmp_path / "gandiva.conf"
+    conf.write_text(f"state_dir = {tmp_path}\nsignal = TERM\n")
+    be = FakeBackend()
+    env = {"GANDIVA_CONF": str(conf)}
+    _submit(["--", "true"], be, env)
+    assert "--signal TERM --" in be.submitted[0].script
+    _submit(["--signal", "USR1", "--", "true"], be, env)  # the user's choice wins
+    assert "--signal USR1 --" in be.submitted[1].script
+    spec = read_spec(tmp_path / "jobs", "101")
+    assert spec is not None and spec.signal == "TERM"
