@@ -6,9 +6,11 @@ The job wrapper imports this module and nothing else of slurm_gandiva, so it mus
 from __future__ import annotations
 
 import enum
+import json
+import math
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # The controller's "please stop at the next mini-batch boundary" signal. Not SIGUSR1: NCCL claims it.
@@ -38,6 +40,11 @@ class JobFiles:
     @property
     def checkpoint(self) -> Path:
         return self.root / "checkpoint.pt"
+
+    @property
+    def checkpoint_prev(self) -> Path:
+        """The previous complete checkpoint, kept until a newer one is complete."""
+        return self.root / "checkpoint.prev.pt"
 
     @property
     def progress(self) -> Path:
@@ -75,3 +82,68 @@ def job_files(state_dir: str | os.PathLike[str] | None = None) -> JobFiles:
     if not d:
         raise ValueError(f"no state directory: set {STATE_DIR_ENV} or pass one")
     return JobFiles(Path(d))
+
+
+PROGRESS_INTERVAL_ENV = "GANDIVA_PROGRESS_INTERVAL"  # seconds between progress.json updates
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the training job reports in progress.json (replaced atomically every few seconds)."""
+
+    step: int  # mini-batches done since the job first started (over all restarts)
+    epoch: int  # current epoch (0-based)
+    samples: int  # samples done since the job first started (global, all ranks)
+    total_samples: int | None  # samples the whole job will do, when known
+    batch_time_avg: float  # seconds per mini-batch, moving average (0.0 until measured)
+    samples_per_s: float  # moving average (0.0 until measured)
+    world_size: int  # training processes
+    updated: float  # unix time of this report
+    state: str = "running"  # "running", "suspended", "done"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, data: object) -> Progress:
+        """Parse a decoded progress.json; raises ValueError on a malformed one."""
+        if not isinstance(data, dict):
+            raise ValueError("progress is not a JSON object")
+        try:
+            total = data.get("total_samples")
+            prog = cls(
+                step=int(data["step"]),
+                epoch=int(data["epoch"]),
+                samples=int(data["samples"]),
+                total_samples=None if total is None else int(total),
+                batch_time_avg=float(data["batch_time_avg"]),
+                samples_per_s=float(data["samples_per_s"]),
+                world_size=int(data["world_size"]),
+                updated=float(data["updated"]),
+                state=str(data.get("state", "running")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed progress: {exc}") from None
+        if not all(math.isfinite(x) for x in (prog.batch_time_avg, prog.samples_per_s, prog.updated)):
+            raise ValueError("malformed progress: non-finite number")
+        return prog
+
+
+def write_progress(path: str | os.PathLike[str], progress: Progress) -> None:
+    """Replace `path` atomically (temp file in the same directory, then rename)."""
+    dest = Path(path)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp.write_text(progress.to_json() + "\n")
+    os.replace(tmp, dest)
+
+
+def read_progress(path: str | os.PathLike[str]) -> Progress | None:
+    """The job's last progress report, or None when there is none yet (or it is unreadable)."""
+    try:
+        text = Path(path).read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return Progress.from_mapping(json.loads(text))
+    except ValueError:  # json.JSONDecodeError is a ValueError
+        return None

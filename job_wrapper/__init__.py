@@ -1,0 +1,30 @@
+"""The job side of slurm-gandiva: `gandiva-wrapper` (launcher) and the training-loop API (`Session`).
+
+`import job_wrapper` is cheap: the torch-using API is imported on first use of one of its names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from job_wrapper.api import Session, epoch_order, init_distributed, rank_and_world_size
+    from job_wrapper.checkpoint import CheckpointError
+
+__all__ = ["CheckpointError", "Session", "epoch_order", "init_distributed", "rank_and_world_size"]
+
+_LAZY = {
+    "Session": "job_wrapper.api",
+    "epoch_order": "job_wrapper.api",
+    "init_distributed": "job_wrapper.api",
+    "rank_and_world_size": "job_wrapper.api",
+    "CheckpointError": "job_wrapper.checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'job_wrapper' has no attribute {name!r}")
+    return getattr(importlib.import_module(mod), name)

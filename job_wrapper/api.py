@@ -1,0 +1,468 @@
+"""The training-loop API: three lines in a user's loop.
+
+    job = job_wrapper.Session(model, optimizer, scheduler=sched, seed=0)   # resumes if a checkpoint exists
+    for batch in job.batches(dataset, batch_size=64, epochs=3):            # deterministic, any world size
+        ...forward / backward / optimizer.step()...
+        job.step()                                                          # boundary: suspend if signalled
+
+The signal handler only sets a flag; `step()` reads it (one attribute) at every mini-batch boundary. When
+set, the state is checkpointed by rank 0 and every rank exits with ExitCode.SUSPENDED.
+
+Several ranks must stop at the same step (a rank that stops early leaves the others blocked in DDP's
+all-reduce). Rank 0 decides: at the boundary after step s where it sees the flag, it publishes stop-at
+s + 1 in a small control file and signals the other ranks. No other rank can have finished step s + 1 yet
+(that needs rank 0's share of its all-reduce), and the signal is pending before rank 0 contributes, so
+every rank reads the control file no later than its boundary s + 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn, Protocol
+
+from job_wrapper import checkpoint as ckpt
+from job_wrapper.launcher import FAST_EXIT_ENV
+from job_wrapper.progress import Counters, ProgressReporter, append_event
+from slurm_gandiva.requeue.contract import (
+    PROGRESS_INTERVAL_ENV,
+    SIGNAL_ENV,
+    ExitCode,
+    job_files,
+    signal_from_name,
+)
+
+FORMAT = 1
+PAUSE_ENV = "GANDIVA_TEST_CHECKPOINT_PAUSE"  # test hook: seconds to stall half-way through a checkpoint write
+_NEVER = 1 << 62
+
+
+class Stateful(Protocol):
+    """Anything with state_dict / load_state_dict (model, optimizer, LR scheduler, GradScaler, ...)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state_dict: Any, /) -> Any: ...
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) from the environment the wrapper (or torchrun) sets; (0, 1) when unset."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_distributed(backend: str = "gloo") -> tuple[int, int]:
+    """Initialise torch.distributed from the wrapper's environment when WORLD_SIZE > 1; returns (rank, size)."""
+    rank, world = rank_and_world_size()
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)
+    return rank, world
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The global sample order of one epoch: depends on (n, seed, epoch) only, never on the world size."""
+    import torch
+
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (1 << 63))
+    order: list[int] = torch.randperm(n, generator=gen).tolist()
+    return order
+
+
+def shard(global_batch: Sequence[int], rank: int, world_size: int) -> Sequence[int]:
+    """This rank's part of a global mini-batch (strided, so sizes differ by at most one)."""
+    return global_batch[rank::world_size]
+
+
+def _unwrap(model: Any) -> Any:
+    return getattr(model, "module", model)  # DDP / DataParallel keep the real model in .module
+
+
+def _fetcher(dataset: Any) -> Callable[[Sequence[int]], Any]:
+    """How to fetch samples by index from a tensor, a tuple/list of tensors, or a map-style dataset."""
+    import torch
+
+    def index(idx: Sequence[int]) -> Any:
+        return torch.as_tensor(idx, dtype=torch.long)
+
+    if isinstance(dataset, torch.Tensor):
+        return lambda idx: dataset[index(idx)]
+    if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
+        kind = type(dataset)
+        return lambda idx: kind(t[ix] for ix in (index(idx),) for t in dataset)
+    from torch.utils.data import default_collate
+
+    return lambda idx: default_collate([dataset[i] for i in idx])
+
+
+def _len(dataset: Any) -> int:
+    import torch
+
+    if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
+        return len(dataset[0])
+    return len(dataset)
+
+
+class Session:
+    """Checkpoint/resume and suspend-on-signal for one training process (one rank).
+
+    Construct it after the model (DDP-wrapped or not), optimizer and LR scheduler exist: it restores them
+    from the newest complete checkpoint, or seeds the RNGs with `seed` (+ rank) on a fresh start.
+    `checkpoint_every` adds a periodic checkpoint every that many steps (bounds the loss on a crash).
+    `fast_exit` (default: on under gandiva-wrapper) ends a suspended process with os._exit after flushing
+    stdout/stderr: torch's interpreter teardown takes seconds, during which the GPUs stay allocated.
+    `finally` blocks and atexit handlers then do not run; without it the suspend raises SystemExit(75).
+    """
+
+    def __init__(
+        self,
+        model: Stateful,
+        optimizer: Stateful | None = None,
+        *,
+        scheduler: Stateful | None = None,
+        seed: int = 0,
+        state_dir: str | os.PathLike[str] | None = None,
+        extra: Mapping[str, Stateful] | None = None,
+        checkpoint_every: int | None = None,
+        progress_interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        install_signal_handler: bool = True,
+        fast_exit: bool | None = None,
+    ) -> None:
+        self.rank, self.world_size = rank_and_world_size()
+        self.files = job_files(state_dir)
+        self.files.root.mkdir(parents=True, exist_ok=True)
+        self.seed = seed
+        self._objects: dict[str, Stateful] = {"model": model}
+        if optimizer is not None:
+            self._objects["optimizer"] = optimizer
+        if scheduler is not None:
+            self._objects["scheduler"] = scheduler
+        for name, obj in (extra or {}).items():
+            if name in self._objects:
+                raise ValueError(f"extra state name {name!r} is reserved: use another name")
+            self._objects[name] = obj
+        self._clock = clock
+        # Counters, restored from the checkpoint. position = samples consumed in the current epoch.
+        self.global_step = 0
+        self.epoch = 0
+        self.samples_done = 0
+        self.resumed_from: Path | None = None
+        self._position = 0
+        self._epoch_len = _NEVER
+        self._pending = 0  # samples in the mini-batch that batches() last yielded
+        self._in_batches = False
+        self._total_samples: int | None = None
+        self._checkpoint_every = checkpoint_every or 0
+        self._next_periodic = checkpoint_every or _NEVER
+        self._signalled = False  # set by the signal handler; the only thing it does
+        self._stop_at: int | None = None
+        self._peers: tuple[int, ...] = ()
+        self._control: Path | None = None
+        self._closed = False
+        self._fast_exit = os.environ.get(FAST_EXIT_ENV) == "1" if fast_exit is None else fast_exit
+        self.signal = signal_from_name(os.environ.get(SIGNAL_ENV))
+        if install_signal_handler:
+            self.install_signal_handler()
+        if self.world_size > 1:
+            self._connect_peers()
+        self._restore()
+        interval = progress_interval
+        if interval is None:
+            interval = float(os.environ.get(PROGRESS_INTERVAL_ENV, "5"))
+        self._progress: ProgressReporter | None = None
+        if self.rank == 0:
+            self._progress = ProgressReporter(
+                self.files.progress, self._counters, world_size=self.world_size, interval=interval, clock=clock
+            )
+            self._progress.start()
+
+    # -- signal -------------------------------------------------------------------------------------
+
+    def install_signal_handler(self) -> None:
+        """Catch the suspend signal (flag only), then unblock it: the wrapper starts us with it blocked so
+        that a signal sent during start-up waits for this handler instead of killing the process."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("create the Session in the main thread: only it can receive signals")
+        signal.signal(self.signal, self._on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.signal})
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signalled = True
+
+    def request_suspend(self) -> None:
+        """Ask for a suspend at the next boundary, as the signal does."""
+        self._signalled = True
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def batches(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        epochs: int = 1,
+        max_steps: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+    ) -> Iterator[Any]:
+        """This rank's part of each global mini-batch of `batch_size` samples, from the resumed position on.
+
+        The global order depends only on (seed, epoch), and the position is counted in global samples,
+        so every sample is seen exactly once per epoch even when the world size changes between runs.
+        If the loop body does not call step(), the iterator calls it after the body.
+        """
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        n = _len(dataset)
+        epoch_len = n - n % batch_size if drop_last else n
+        if epoch_len == 0:
+            raise ValueError(f"dataset of {n} samples gives no batch of {batch_size}")
+        self._epoch_len = epoch_len
+        total = epochs * epoch_len
+        if max_steps is not None:
+            steps_per_epoch = -(-epoch_len // batch_size)
+            full, rest = divmod(max_steps, steps_per_epoch)
+            total = min(total, full * epoch_len + min(rest * batch_size, epoch_len))
+        self._total_samples = total
+        fetch = _fetcher(dataset)
+        self._in_batches = True
+        if self._signalled:
+            self._signal_boundary()  # a signal before the first mini-batch
+        while self.epoch < epochs and (max_steps is None or self.global_step < max_steps):
+            epoch = self.epoch
+            order = epoch_order(n, self.seed, epoch) if shuffle else list(range(n))
+            while self.epoch == epoch and (max_steps is None or self.global_step < max_steps):
+                start = self._position
+                gb = order[start : min(start + batch_size, epoch_len)]
+                self._pending = len(gb)
+                step_before = self.global_step
+                yield fetch(gb if self.world_size == 1 else shard(gb, self.rank, self.world_size))
+                if self.global_step == step_before:
+                    self.step()
+        self._in_batches = False
+        self._finish()
+
+    def step(self, samples: int | None = None) -> None:
+        """Mark a mini-batch boundary; suspends (checkpoint + exit) here when the signal has come.
+
+        `samples`: for loops that do not use batches(), the samples this mini-batch consumed over all ranks.
+        Inside batches() it is ignored: the position always advances by the global batch it yielded (a
+        rank's own len(batch) would break exactly-once on several ranks).
+        """
+        n = self._pending if samples is None or self._in_batches else samples
+        self.global_step += 1
+        self.samples_done += n
+        self._position += n
+        if self._position >= self._epoch_len or self.global_step >= self._next_periodic:
+            self._roll()
+        if self._signalled:
+            self._signal_boundary()
+
+    def _roll(self) -> None:
+        if self._position >= self._epoch_len:
+            self.epoch += 1
+            self._position = 0
+        if self.global_step >= self._next_periodic:
+            self._next_periodic = self.global_step + self._checkpoint_every
+            self.save_checkpoint(reason="periodic")
+
+    def _counters(self) -> Counters:
+        return Counters(self.global_step, self.epoch, self.samples_done, self._total_samples)
+
+    # -- stopping -----------------------------------------------------------------------------------
+
+    def _connect_peers(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "WORLD_SIZE > 1 but torch.distributed is not initialised: call job_wrapper.init_distributed() "
+                "before wrapping the model in DDP"
+            )
+        pids: list[Any] = [None] * self.world_size
+        dist.all_gather_object(pids, os.getpid())
+        path: list[Any] = [None]
+        if self.rank == 0:
+            fd, name = tempfile.mkstemp(prefix="gandiva-stop-")
+            os.close(fd)
+            path[0] = name
+        dist.broadcast_object_list(path, src=0)
+        self._control = Path(path[0])
+        self._peers = tuple(int(p) for i, p in enumerate(pids) if i != self.rank)
+
+    def _signal_boundary(self) -> None:
+        if self.world_size == 1:
+            self._suspend()
+        assert self._control is not None
+        if self._stop_at is None:
+            if self.rank == 0:
+                self._stop_at = self.global_step + 1
+                tmp = self._control.with_name(self._control.name + ".tmp")
+                tmp.write_text(str(self._stop_at))
+                os.replace(tmp, self._control)
+                for pid in self._peers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, self.signal)
+                append_event(self.files.events, "stop_requested", step=self.global_step, stop_at=self._stop_at)
+            else:
+                try:
+                    text = self._control.read_text().strip()
+                except FileNotFoundError:  # rank 0 already finished training: nothing to stop
+                    text = ""
+                self._stop_at = int(text) if text else None
+        if self._stop_at is not None:
+            if self.global_step == self._stop_at:
+                self._suspend()
+            elif self.global_step > self._stop_at:
+                self._fail(f"rank {self.rank} passed the agreed stop step {self._stop_at} (at {self.global_step})")
+
+    def _gather_rng(self) -> list[Any]:
+        rng = ckpt.capture_rng()
+        if self.world_size == 1:
+            return [rng]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, rng)
+        return out
+
+    def state(self, rngs: list[Any] | None = None) -> dict[str, Any]:
+        """The checkpoint content (world-size independent apart from the per-rank RNG list)."""
+        st: dict[str, Any] = {
+            "format": FORMAT,
+            "step": self.global_step,
+            "epoch": self.epoch,
+            "position": self._position,
+            "samples": self.samples_done,
+            "seed": self.seed,
+            "world_size": self.world_size,
+            "rng": rngs if rngs is not None else [ckpt.capture_rng()],
+        }
+        for name, obj in self._objects.items():
+            st[name] = _unwrap(obj).state_dict() if name == "model" else obj.state_dict()
+        return st
+
+    def save_checkpoint(self, reason: str = "manual") -> ckpt.SavedCheckpoint | None:
+        """Checkpoint now (every rank must call it at the same step); returns what rank 0 wrote."""
+        rngs = self._gather_rng()
+        if self.rank != 0:
+            return None
+        pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
+        events = self.files.events
+
+        def on_pause() -> None:
+            append_event(events, "checkpoint_paused", step=self.global_step)
+
+        try:
+            saved = ckpt.save(self.files, self.state(rngs), clock=self._clock, pause_s=pause, on_pause=on_pause)
+        except ckpt.CheckpointError as exc:
+            self._fail(str(exc))
+        append_event(
+            events,
+            "checkpoint",
+            reason=reason,
+            step=self.global_step,
+            bytes=saved.nbytes,
+            seconds=round(saved.seconds, 6),
+            path=str(saved.path),
+        )
+        return saved
+
+    def _suspend(self) -> None:
+        self.save_checkpoint(reason="suspend")
+        self._close("suspended")
+        if self._fast_exit:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(int(ExitCode.SUSPENDED))
+        raise SystemExit(int(ExitCode.SUSPENDED))
+
+    def _finish(self) -> None:
+        if self.rank == 0:
+            append_event(self.files.events, "training_done", step=self.global_step, samples=self.samples_done)
+        self._close("done")
+
+    def _fail(self, message: str) -> NoReturn:
+        if self.rank == 0 or self.world_size == 1:
+            append_event(self.files.events, "error", message=message)
+        print(f"gandiva: {message}", file=sys.stderr, flush=True)
+        self._close("failed")
+        raise SystemExit(int(ExitCode.FAILED))
+
+    def _close(self, state: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if getattr(self, "_progress", None) is not None:
+            assert self._progress is not None
+            self._progress.stop(state)
+        if self.rank == 0 and self._control is not None:
+            self._control.unlink(missing_ok=True)
+
+    # -- resuming -----------------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        try:
+            loaded = ckpt.load(self.files)
+        except ckpt.CheckpointError as exc:
+            self._fail(str(exc))
+        if loaded is None:
+            self._seed_rngs()
+            if self.rank == 0:
+                append_event(self.files.events, "fresh_start", world_size=self.world_size)
+            return
+        st = loaded.state
+        if st.get("format") != FORMAT:
+            self._fail(f"{loaded.path} has checkpoint format {st.get('format')!r}, expected {FORMAT}")
+        if self.rank == 0 and loaded.fallback_reason:
+            print(f"gandiva: warning: {loaded.fallback_reason}; resuming from {loaded.path.name}", file=sys.stderr)
+            append_event(self.files.events, "checkpoint_fallback", reason=loaded.fallback_reason,
+                         path=str(loaded.path))
+            if loaded.path != self.files.checkpoint and self.files.checkpoint.exists():
+                # Set the bad file aside: the next save must not rotate it over the good previous one.
+                os.replace(self.files.checkpoint, self.files.root / (self.files.checkpoint.name + ".corrupt"))
+        for name, obj in self._objects.items():
+            if name not in st:
+                self._fail(f"{loaded.path} has no {name!r} state: it was written by another program")
+            (_unwrap(obj) if name == "model" else obj).load_state_dict(st[name])
+        self.global_step = int(st["step"])
+        self.epoch = int(st["epoch"])
+        self._position = int(st["position"])
+        self.samples_done = int(st["samples"])
+        self.seed = int(st["seed"])
+        rngs = st["rng"]
+        if self.rank < len(rngs) and int(st["world_size"]) == self.world_size:
+            ckpt.restore_rng(rngs[self.rank])
+        else:  # another world size: streams cannot be carried over, derive fresh ones
+            self._seed_rngs(salt=self.global_step)
+        if self._checkpoint_every:
+            self._next_periodic = self.global_step + self._checkpoint_every
+        self.resumed_from = loaded.path
+        if self.rank == 0:
+            append_event(self.files.events, "resumed", path=str(loaded.path), step=self.global_step,
+                         epoch=self.epoch, position=self._position, world_size=self.world_size,
+                         saved_world_size=int(st["world_size"]))
+
+    def _seed_rngs(self, salt: int = 0) -> None:
+        import torch
+
+        s = (self.seed * 1_000_003 + self.rank * 7919 + salt) % (1 << 31)
+        random.seed(s)
+        torch.manual_seed(s)
+        try:
+            import numpy as np
+        except ImportError:
+            return
+        np.random.seed(s)

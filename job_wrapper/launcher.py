@@ -1,0 +1,312 @@
+"""The wrapper process: one training child per allocated GPU, signal forwarding, outcome -> exit code.
+
+It runs as the batch shell (the job script `exec`s it), so it is the process the controller signals.
+It imports no torch: start-up stays fast and the children do the training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from job_wrapper.progress import append_event
+from slurm_gandiva.requeue.contract import (
+    PROGRESS_INTERVAL_ENV,
+    SIGNAL_ENV,
+    STATE_DIR_ENV,
+    ExitCode,
+    JobFiles,
+    read_progress,
+)
+
+GPU_ENV_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+# Tells the Session it runs under the wrapper: after a suspend checkpoint it may end with os._exit, skipping
+# torch's interpreter teardown (seconds) that would otherwise delay freeing the GPUs.
+FAST_EXIT_ENV = "GANDIVA_FAST_EXIT"
+_TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class UsageError(Exception):
+    """The wrapper was called wrongly (exit ExitCode.USAGE)."""
+
+
+@dataclass(frozen=True)
+class WrapperConfig:
+    """What `gandiva-wrapper` was asked to do."""
+
+    command: tuple[str, ...]
+    state_dir: Path
+    signal: signal.Signals = signal.SIGUSR2
+    nprocs: int | None = None
+    progress_interval: float = 5.0
+    grace_s: float = 60.0  # after one rank exits, how long the others get before SIGKILL
+    requeue_wait_s: float = 60.0  # after requeuehold, how long to wait for Slurm to end the job
+    scontrol: str = "scontrol"
+
+
+def allocated_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The GPUs of the allocation, from the first of CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS, SLURM_JOB_GPUS."""
+    for var in GPU_ENV_VARS:
+        value = env.get(var, "").strip()
+        if value and value != "NoDevFiles":
+            return tuple(g.strip() for g in value.split(",") if g.strip())
+    return ()
+
+
+def plan_ranks(nprocs: int | None, gpus: Sequence[str]) -> tuple[int, tuple[str | None, ...]]:
+    """(number of processes, GPU of each rank or None when no GPUs are listed)."""
+    if nprocs is not None and nprocs < 1:
+        raise UsageError(f"--nprocs must be at least 1, got {nprocs}")
+    if not gpus:
+        n = nprocs or 1
+        return n, (None,) * n
+    n = nprocs or len(gpus)
+    if n > len(gpus):
+        raise UsageError(f"--nprocs {n} exceeds the {len(gpus)} GPUs allocated ({','.join(gpus)})")
+    return n, tuple(gpus[:n])
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def child_env(
+    base: Mapping[str, str], rank: int, world_size: int, gpu: str | None, port: int, config: WrapperConfig
+) -> dict[str, str]:
+    """The environment of one training process (torch.distributed env:// variables, its one GPU)."""
+    env = dict(base)
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0",
+        **{
+            STATE_DIR_ENV: str(config.state_dir),
+            SIGNAL_ENV: config.signal.name,
+            PROGRESS_INTERVAL_ENV: str(config.progress_interval),
+            FAST_EXIT_ENV: "1",
+        },
+    )
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+def decide_outcome(codes: Sequence[int | None]) -> tuple[ExitCode, str]:
+    """Map the children's exit codes (None: killed by the wrapper) to the wrapper's outcome."""
+    if all(c == ExitCode.DONE for c in codes):
+        return ExitCode.DONE, "training finished"
+    if all(c == ExitCode.SUSPENDED for c in codes):
+        return ExitCode.SUSPENDED, "checkpointed at a mini-batch boundary"
+    bad = [f"rank {r}: {_describe(c)}" for r, c in enumerate(codes) if c not in (ExitCode.DONE, ExitCode.SUSPENDED)]
+    if not bad:
+        return ExitCode.FAILED, "ranks disagree: " + ", ".join(f"rank {r}: {_describe(c)}" for r, c in enumerate(codes))
+    return ExitCode.FAILED, "; ".join(bad)
+
+
+def _describe(code: int | None) -> str:
+    if code is None:
+        return "killed by the wrapper"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
+def _write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+@dataclass
+class _State:
+    """The wrapper's mutable run state (local to one run(), touched by its signal handlers)."""
+
+    children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    suspend_signals: int = 0
+    terminated_by: str | None = None
+
+
+def run(
+    config: WrapperConfig,
+    env: Mapping[str, str] | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Run the training command to its outcome; returns the wrapper's exit code."""
+    env = dict(os.environ if env is None else env)
+    files = JobFiles(config.state_dir)
+    files.root.mkdir(parents=True, exist_ok=True)
+    gpus = allocated_gpus(env)
+    nprocs, rank_gpus = plan_ranks(config.nprocs, gpus)
+    job_id = env.get("SLURM_JOB_ID")
+    st = _State()
+
+    def on_suspend(signum: int, frame: FrameType | None) -> None:
+        st.suspend_signals += 1
+        for child in st.children:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(config.signal)
+        append_event(files.events, "signal", signal=config.signal.name, count=st.suspend_signals,
+                     forwarded_to=[c.pid for c in st.children if c.returncode is None])
+
+    def on_terminate(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        st.terminated_by = st.terminated_by or name
+        for child in st.children:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signum)
+        append_event(files.events, "terminate", signal=name)
+
+    # Children start with the suspend signal blocked (the mask survives exec) and unblock it once their
+    # handler is installed, so a signal that comes while they import torch is held, not fatal.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {config.signal})
+    signal.signal(config.signal, on_suspend)
+    for sig in _TERMINATING:
+        signal.signal(sig, on_terminate)
+    port = free_port()
+    try:
+        for rank, gpu in enumerate(rank_gpus):
+            st.children.append(
+                subprocess.Popen(list(config.command), env=child_env(env, rank, nprocs, gpu, port, config))
+            )
+    except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for child in st.children:
+            child.kill()
+        _log(f"cannot start {config.command[0]!r}: {exc.strerror or exc}")
+        return _finish(files, ExitCode.FAILED, f"cannot start the command: {exc}", [], env, gpus, nprocs, config)
+    append_event(files.events, "start", job_id=job_id, restart=env.get("SLURM_RESTART_COUNT", "0"),
+                 nprocs=nprocs, gpus=[g for g in rank_gpus if g is not None], command=list(config.command),
+                 children=[c.pid for c in st.children])
+    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a signal that came meanwhile is handled here
+
+    codes: list[int | None] = [None] * nprocs
+    first_exit: float | None = None
+    while any(c.returncode is None for c in st.children):
+        for i, child in enumerate(st.children):
+            if child.returncode is None and child.poll() is not None:
+                codes[i] = child.returncode
+                append_event(files.events, "child_exit", rank=i, code=child.returncode)
+                if first_exit is None:
+                    first_exit = clock()
+                if child.returncode not in (ExitCode.DONE, ExitCode.SUSPENDED):
+                    _stop_children(st.children, sleep)  # one rank failed: the others would hang in collectives
+        if first_exit is not None and clock() - first_exit > config.grace_s:
+            _log(f"ranks still running {config.grace_s:.0f}s after the first exited: killing them")
+            _stop_children(st.children, sleep, grace_s=0.0)
+        sleep(0.02)
+    for i, child in enumerate(st.children):
+        if codes[i] is None:
+            codes[i] = child.returncode
+
+    outcome, reason = decide_outcome(codes)
+    if outcome == ExitCode.SUSPENDED and st.terminated_by:
+        reason += f" (after {st.terminated_by})"
+    elif outcome != ExitCode.DONE and st.terminated_by:
+        reason = f"terminated by {st.terminated_by}: {reason}"
+    return _finish(files, outcome, reason, codes, env, gpus, nprocs, config, sleep=sleep, clock=clock,
+                   terminated=lambda: st.terminated_by is not None)
+
+
+def _stop_children(
+    children: Sequence[subprocess.Popen[bytes]], sleep: Callable[[float], None], grace_s: float = 5.0
+) -> None:
+    for child in children:
+        if child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.terminate()
+    waited = 0.0
+    while waited < grace_s and any(c.poll() is None for c in children):
+        sleep(0.05)
+        waited += 0.05
+    for child in children:
+        if child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            child.wait()
+
+
+def _finish(
+    files: JobFiles,
+    outcome: ExitCode,
+    reason: str,
+    codes: Sequence[int | None],
+    env: Mapping[str, str],
+    gpus: Sequence[str],
+    nprocs: int,
+    config: WrapperConfig,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    terminated: Callable[[], bool] = lambda: False,
+) -> int:
+    """Write status.json and the exit event; on a suspend inside Slurm, requeue-hold the job."""
+    name = {ExitCode.DONE: "done", ExitCode.SUSPENDED: "suspended"}.get(outcome, "failed")
+    prog = read_progress(files.progress)
+    job_id = env.get("SLURM_JOB_ID")
+    status: dict[str, object] = {
+        "outcome": name,
+        "exit_code": int(outcome),
+        "reason": reason,
+        "time": time.time(),
+        "job_id": job_id,
+        "restart_count": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+        "nprocs": nprocs,
+        "gpus": list(gpus),
+        "child_exit_codes": list(codes),
+        "step": prog.step if prog else None,
+        "checkpoint": str(files.checkpoint) if files.checkpoint.exists() else None,
+    }
+    _write_json_atomic(files.status, status)
+    append_event(files.events, "exit", outcome=name, code=int(outcome), reason=reason)
+    _log(f"{name}: {reason}")
+    if outcome != ExitCode.SUSPENDED or not job_id:
+        return int(outcome)
+    scontrol = shutil.which(config.scontrol, path=env.get("PATH")) or config.scontrol
+    append_event(files.events, "requeuehold", job_id=job_id)
+    try:
+        res = subprocess.run([scontrol, "requeuehold", job_id], env=dict(env), capture_output=True, text=True,
+                             timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = f"cannot run {scontrol} requeuehold {job_id}: {exc}"
+    else:
+        if res.returncode == 0:
+            append_event(files.events, "requeuehold_done", job_id=job_id)
+            # Slurm now ends this instance of the job; wait to be killed so the record shows a requeue.
+            deadline = clock() + config.requeue_wait_s
+            while clock() < deadline and not terminated():
+                sleep(0.1)
+            return int(ExitCode.SUSPENDED)
+        why = f"scontrol requeuehold {job_id} failed (exit {res.returncode}): {res.stderr.strip()}"
+    append_event(files.events, "requeuehold_failed", job_id=job_id, reason=why)
+    _log(f"{why}; exiting {int(ExitCode.SUSPENDED)} (suspended) instead")
+    return int(ExitCode.SUSPENDED)
+
+
+def _log(message: str) -> None:
+    print(f"gandiva-wrapper: {message}", file=sys.stderr, flush=True)

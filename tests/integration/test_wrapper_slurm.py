@@ -1,0 +1,62 @@
+"""The wrapper under the real local Slurm: the batch script execs it, the controller's signal reaches it,
+training checkpoints at a mini-batch boundary, and the job requeue-holds itself (same id, PENDING held)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from helpers import wait_for
+
+from job_wrapper import checkpoint as ckpt
+from job_wrapper.progress import read_events
+from slurm_gandiva.requeue.contract import JobFiles, read_progress
+from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SubmitRequest
+
+BIN = Path(sys.executable).parent
+TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+
+
+def test_signalled_job_checkpoints_and_goes_pending_held(
+    slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str]
+) -> None:
+    cmd = [str(BIN / "gandiva-wrapper"), "--progress-interval", "0.2", "--", sys.executable, str(TRAIN),
+           "--epochs", "50", "--samples", "256", "--batch-size", "16", "--sleep-per-step", "0.05"]
+    script = (
+        "#!/bin/bash\n"
+        f'export GANDIVA_STATE_DIR={shlex.quote(str(job_dir))}/"$SLURM_JOB_ID"\n'
+        f"exec {shlex.join(cmd)}\n"
+    )
+    job_id = slurm.submit(SubmitRequest(script, options=[
+        "--job-name=h2-wrapper", "--nodes=1", "--ntasks=1", "--cpus-per-task=2", "--mem=1G",
+        "--nodelist=n1", "--gres=gpu:g1:1,gpu:g3:1", f"--chdir={job_dir}", f"--output={job_dir}/%j.out",
+    ], as_user=test_user))
+    cleanup_jobs.append(job_id)
+    files = JobFiles(job_dir / job_id)
+    out = job_dir / f"{job_id}.out"
+
+    def training() -> int | None:
+        job = slurm.job(job_id)
+        assert not job.finished, f"job ended early: {job.state}\n{out.read_text() if out.exists() else ''}"
+        prog = read_progress(files.progress)
+        return prog.step if job.running and prog is not None and prog.step >= 3 else None
+
+    wait_for(training, timeout=180, interval=0.2, what=f"job {job_id} to train 3 steps")
+    slurm.signal(job_id, "USR2", batch_only=True)
+
+    held = wait_for(
+        lambda: j if (j := slurm.job(job_id)).pending and j.restart_count == 1 else None,
+        timeout=120, interval=0.2, what=f"job {job_id} to be requeued",
+    )
+    # requeuehold run by the job itself (its owner) leaves a user hold; the controller makes it an admin hold
+    assert held.hold is HoldKind.USER and held.reason in ("job_requeued_in_held_state", "JobHeldUser"), held
+    status = json.loads(files.status.read_text())
+    assert status["outcome"] == "suspended" and status["job_id"] == job_id, status
+    # One training process per allocated GPU, each on its own GPU.
+    assert status["nprocs"] == 2 and status["gpus"] == ["1", "3"] and status["child_exit_codes"] == [75, 75]
+    state = ckpt.decode(files.checkpoint.read_bytes())
+    assert state["step"] >= 3 and state["world_size"] == 2
+    kinds = [e["event"] for e in read_events(files.events)]
+    assert kinds.index("signal") < kinds.index("checkpoint") < kinds.index("exit") < kinds.index("requeuehold_done")

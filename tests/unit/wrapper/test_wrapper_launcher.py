@@ -1,0 +1,83 @@
+"""The wrapper's pure parts: GPUs -> ranks, child environments, outcome mapping, command line."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from job_wrapper.cli import parse_config
+from job_wrapper.launcher import UsageError, WrapperConfig, allocated_gpus, child_env, decide_outcome, plan_ranks
+from slurm_gandiva.requeue.contract import ExitCode
+
+
+@pytest.mark.parametrize(
+    "env, gpus",
+    [
+        ({}, ()),
+        ({"CUDA_VISIBLE_DEVICES": "1,3"}, ("1", "3")),
+        ({"CUDA_VISIBLE_DEVICES": "", "SLURM_STEP_GPUS": "2"}, ("2",)),
+        ({"SLURM_JOB_GPUS": "0, 2,"}, ("0", "2")),
+        ({"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": "5"}, ("5",)),
+        ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_GPUS": "5,6"}, ("0",)),
+    ],
+)
+def test_allocated_gpus(env: dict[str, str], gpus: tuple[str, ...]) -> None:
+    assert allocated_gpus(env) == gpus
+
+
+def test_plan_ranks() -> None:
+    assert plan_ranks(None, ()) == (1, (None,))
+    assert plan_ranks(3, ()) == (3, (None, None, None))
+    assert plan_ranks(None, ("1", "3")) == (2, ("1", "3"))
+    assert plan_ranks(1, ("1", "3")) == (1, ("1",))
+    with pytest.raises(UsageError, match="exceeds the 2 GPUs"):
+        plan_ranks(3, ("1", "3"))
+    with pytest.raises(UsageError, match="at least 1"):
+        plan_ranks(0, ())
+
+
+def test_child_env_sets_torch_distributed_and_one_gpu(tmp_path: Path) -> None:
+    cfg = WrapperConfig(command=("x",), state_dir=tmp_path, signal=signal.SIGUSR2, progress_interval=2.0)
+    env = child_env({"CUDA_VISIBLE_DEVICES": "1,3", "KEEP": "1"}, 1, 2, "3", 29500, cfg)
+    assert env["KEEP"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("1", "1", "2", "29500")
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["GANDIVA_STATE_DIR"] == str(tmp_path)
+    assert env["GANDIVA_SIGNAL"] == "SIGUSR2" and env["GANDIVA_PROGRESS_INTERVAL"] == "2.0"
+    assert env["GANDIVA_FAST_EXIT"] == "1"
+    assert child_env({"CUDA_VISIBLE_DEVICES": ""}, 0, 1, None, 1, cfg)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize(
+    "codes, outcome, words",
+    [
+        ([0, 0], ExitCode.DONE, "finished"),
+        ([75], ExitCode.SUSPENDED, "checkpointed"),
+        ([75, 1], ExitCode.FAILED, "rank 1: exit 1"),
+        ([75, None], ExitCode.FAILED, "rank 1: killed by the wrapper"),
+        ([-9, 0], ExitCode.FAILED, "rank 0: killed by SIGKILL"),
+        ([0, 75], ExitCode.FAILED, "disagree"),
+    ],
+)
+def test_decide_outcome(codes: list[int | None], outcome: ExitCode, words: str) -> None:
+    got, reason = decide_outcome(codes)
+    assert got == outcome and words in reason
+
+
+def test_parse_config(tmp_path: Path) -> None:
+    cfg = parse_config(["--signal", "TERM", "--nprocs", "2", "--", "python", "t.py", "--x"], {"GANDIVA_STATE_DIR": "d"})
+    assert cfg.command == ("python", "t.py", "--x") and cfg.signal == signal.SIGTERM and cfg.nprocs == 2
+    assert cfg.state_dir == Path("d").absolute()
+    cfg = parse_config(["--state-dir", str(tmp_path), "python"], {"GANDIVA_SIGNAL": "USR1"})
+    assert cfg.signal == signal.SIGUSR1 and cfg.state_dir == tmp_path
+    cases: list[tuple[list[str], dict[str, str], str]] = [
+        (["--", "x"], {}, "no state directory"),
+        (["--state-dir", "d"], {}, "no command"),
+        (["--state-dir", "d", "--signal", "NOPE", "--", "x"], {}, "unknown signal"),
+        (["--state-dir", "d", "--nprocs", "two", "--", "x"], {}, "invalid int"),
+        (["--state-dir", "d", "--progress-interval", "0", "--", "x"], {}, "positive"),
+    ]
+    for argv, env, msg in cases:
+        with pytest.raises(UsageError, match=msg):
+            parse_config(argv, env)
