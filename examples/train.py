@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds per step, standing for GPU time")
+    ap.add_argument(
+        "--sleep-per-sample",
+        type=float,
+        default=0.0,
+        help="seconds per sample of this rank's share of the batch (GPU time that shrinks with more GPUs)",
+    )
     ap.add_argument("--sample-log", default=None, help="append the sample ids each rank consumes (JSON lines)")
     ap.add_argument("--checkpoint-every", type=int, default=None, help="also checkpoint every N steps")
     args = ap.parse_args(argv)
@@ -77,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             rec = {"rank": rank, "epoch": job.epoch, "step": job.global_step, "ids": ids.tolist()}
             log.write(json.dumps(rec) + "\n")
             log.flush()
-        if args.sleep_per_step > 0:
-            time.sleep(args.sleep_per_step)
+        pause = args.sleep_per_step + args.sleep_per_sample * len(ids)
+        if pause > 0:
+            time.sleep(pause)
         job.step()
 
     if rank == 0:
