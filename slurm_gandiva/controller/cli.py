@@ -1,0 +1,224 @@
+"""`gandiva controller`, `gandiva squeue` and `gandiva cancel`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_gandiva.errors import GandivaError, PermissionDenied, UnknownJob
+
+
+def register(sub: Any) -> None:
+    """Add the controller's sub-commands to the `gandiva` parser."""
+    p = sub.add_parser("controller", help="run the controller service (as root or SlurmUser)")
+    p.add_argument("--config", "-c", help="config file (default: $GANDIVA_CONF, /etc/gandiva/gandiva.conf)")
+    p.add_argument("--once", action="store_true", help="reconcile, run one tick, and exit")
+    p.add_argument("--check", action="store_true", help="only validate the config and the privileges")
+    p.set_defaults(func=cmd_controller)
+
+    q = sub.add_parser("squeue", help="managed jobs: state, GPUs, slices, rate")
+    q.add_argument("--config", "-c", help="config file (default: $GANDIVA_CONF, /etc/gandiva/gandiva.conf)")
+    q.add_argument("-u", "--user", help="only this user's jobs")
+    q.add_argument("--json", action="store_true", help="JSON output")
+    q.set_defaults(func=cmd_squeue)
+
+    c = sub.add_parser("cancel", help="cancel your own managed job (root may cancel any)")
+    c.add_argument("job_ids", nargs="+", metavar="JOB")
+    c.add_argument("--config", "-c", help="config file (for SLURM_CONF; optional)")
+    c.set_defaults(func=cmd_cancel)
+
+
+def _logging_to_stderr() -> None:
+    import logging
+
+    root = logging.getLogger()
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    # APScheduler logs every run of every job at INFO: keep the log for what the controller does.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    from slurm_gandiva.controller.config import check_privilege, load_config
+    from slurm_gandiva.controller.service import Controller
+    from slurm_gandiva.slurm import make_backend
+    from slurm_gandiva.store import Store
+
+    cfg = load_config(args.config)
+    user = check_privilege(cfg)
+    if args.check:
+        print(f"{cfg.source}: ok (policy {cfg.policy}, quantum {cfg.quantum:g} s, runs as {user})")
+        return 0
+    _logging_to_stderr()
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf is not None else None
+    store = Store(cfg.db_url)
+    try:
+        ctl = Controller(cfg, make_backend(env), store, config_path=cfg.source)
+        if args.once:
+            ctl.reconcile()
+            rep = ctl.tick()
+            for r in rep.results:
+                print(f"{r.decision.job_id}\t{r.decision.action.value}\t{r.outcome.value}\t{r.detail}")
+            return 1 if rep.error else 0
+        ctl.install_signal_handlers()
+        return ctl.run_forever()
+    finally:
+        store.close()
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One line of `gandiva squeue`."""
+
+    job_id: str
+    user: str
+    name: str
+    state: str
+    gpus: str
+    want: str
+    slices: int
+    rate: float | None
+    progress: str
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "job_id": self.job_id, "user": self.user, "name": self.name, "state": self.state,
+            "gpus": self.gpus, "request": self.want, "slices": self.slices, "rate": self.rate,
+            "progress": self.progress,
+        }
+
+
+def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> list[QueueRow]:
+    """Managed jobs from Slurm (state, GPUs) joined with the store (slices, rate) and progress files."""
+    from pathlib import Path
+
+    from slurm_gandiva.controller.observe import held_placement, is_managed, slurm_state
+    from slurm_gandiva.requeue.contract import JobFiles, read_progress
+
+    snap = backend.snapshot()
+    rows: list[QueueRow] = []
+    for sj in snap.jobs:
+        if not is_managed(sj, cfg.partitions) or sj.finished or (user and sj.user != user):
+            continue
+        rec = store.get_job(sj.job_id)
+        slices = store.slices(job_ids=[sj.job_id])
+        state = slurm_state(sj, slices)
+        placement = held_placement(sj) if sj.running else None
+        rates = store.rates(sj.job_id)
+        root = Path(rec.state_dir) if rec and rec.state_dir else cfg.job_root / sj.job_id
+        prog = read_progress(JobFiles(root).progress)
+        rate = prog.samples_per_s if (prog is not None and sj.running and prog.samples_per_s > 0) else None
+        if rate is None and rates:
+            rate = rates[-1].rate
+        if rec is not None:
+            lo, hi = rec.spec.min_gpus, rec.spec.max_gpus
+            want = f"{lo}" if lo == hi else f"{lo}:{hi}"
+        else:
+            want = "?"
+        done = ""
+        if prog is not None:
+            done = f"{prog.samples}/{prog.total_samples}" if prog.total_samples else f"{prog.samples}"
+        rows.append(
+            QueueRow(sj.job_id, sj.user, sj.name, state.value, str(placement) if placement else "-", want,
+                     len(slices), rate, done)
+        )
+    return rows
+
+
+def format_rows(rows: list[QueueRow]) -> str:
+    head = ("JOBID", "USER", "NAME", "STATE", "GPUS", "REQ", "SLICES", "RATE", "PROGRESS")
+    table = [head] + [
+        (r.job_id, r.user, r.name[:16], r.state, r.gpus, r.want, str(r.slices),
+         f"{r.rate:.1f}/s" if r.rate is not None else "-", r.progress or "-")
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
+
+
+def cmd_squeue(args: argparse.Namespace) -> int:
+    from slurm_gandiva.controller.config import load_config
+    from slurm_gandiva.slurm import make_backend
+    from slurm_gandiva.store import Store
+
+    cfg = load_config(args.config)
+    env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf is not None else None
+    store: Any
+    try:
+        store = Store(cfg.db_url, migrate_schema=False)
+    except GandivaError as exc:
+        print(f"gandiva: warning: no controller history ({exc})", file=sys.stderr)
+        store = _NoHistory()
+    try:
+        rows = queue_rows(cfg, make_backend(env), store, args.user)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps([r.as_json() for r in rows], indent=2))
+    else:
+        print(format_rows(rows))
+    return 0
+
+
+class _NoHistory:
+    """Stands in for the store when the database cannot be read: no records, no slices, no rates."""
+
+    def get_job(self, _job_id: str) -> None:
+        return None
+
+    def slices(self, **_kw: object) -> tuple[()]:
+        return ()
+
+    def rates(self, _job_id: str) -> tuple[()]:
+        return ()
+
+    def close(self) -> None:
+        pass
+
+
+def caller_name() -> str:
+    uid = os.getuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def check_owner(job_user: str, job_id: str, caller: str, caller_uid: int) -> None:
+    """Users act only on their own jobs; root may act on any."""
+    if caller_uid != 0 and job_user != caller:
+        raise PermissionDenied(
+            f"job {job_id} belongs to {job_user}, not to you ({caller}): you can cancel only your own jobs"
+        )
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from slurm_gandiva.slurm import make_backend
+
+    env: dict[str, str] | None = None
+    if args.config:
+        from slurm_gandiva.controller.config import load_config
+
+        cfg = load_config(args.config)
+        env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf is not None else None
+    backend = make_backend(env)
+    caller, uid = caller_name(), os.getuid()
+    jobs = {j.job_id: j for j in backend.jobs()}
+    rc = 0
+    for jid in args.job_ids:
+        job = jobs.get(jid)
+        if job is None:
+            raise UnknownJob(f"no job {jid} in Slurm's queue: check the id with `gandiva squeue`")
+        check_owner(job.user, jid, caller, uid)
+        if job.finished:
+            print(f"job {jid} already {job.state.lower()}", file=sys.stderr)
+            continue
+        backend.cancel(jid)
+        print(f"cancelled job {jid}")
+    return rc

@@ -1,0 +1,293 @@
+"""observe: one Slurm snapshot + the store + the wrapper's progress files -> an immutable ClusterView.
+
+`build_view` is pure (unit-tested with plain data); `Observer.observe` gathers its inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from slurm_gandiva.model import (
+    ClusterView,
+    GpuRef,
+    Job,
+    JobSpec,
+    JobState,
+    Locality,
+    Node,
+    Placement,
+    RateTable,
+    Topology,
+    Trial,
+    TrialKind,
+)
+from slurm_gandiva.requeue.contract import JOB_MARK
+from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot
+from slurm_gandiva.store.api import JobRecord, RateRecord, SliceRecord
+
+log = logging.getLogger(__name__)
+
+# A measurement taken this soon after a slice started still contains start-up time; ignore it.
+RATE_WARMUP_S = 2.0
+
+
+class ProgressLike(Protocol):
+    """The fields of the wrapper's progress.json that the controller reads."""
+
+    @property
+    def samples(self) -> int | float: ...
+
+    @property
+    def total_samples(self) -> int | float | None: ...
+
+    @property
+    def samples_per_s(self) -> float: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def updated(self) -> float: ...
+
+
+ProgressReader = Callable[[Path], "ProgressLike | None"]
+
+
+def is_managed(job: SlurmJob, partitions: Iterable[str]) -> bool:
+    """A job the controller owns: marked with the gandiva comment, in a managed partition."""
+    parts = tuple(partitions)
+    if job.comment.strip() != JOB_MARK:
+        return False
+    if not parts:
+        return True
+    return any(p in parts for p in job.partition.split(","))
+
+
+_GRES_ITEM = re.compile(r"^(gpu|shard)(?::([A-Za-z0-9_]+))?:(\d+)$")
+
+
+def parse_gres_request(tres: str) -> tuple[tuple[str, str | None, int], ...]:
+    """Parse a gres request like `gres:gpu:g0:1,gres:gpu:g2:1` or `gres/gpu:2` into (name, type, count)."""
+    out: list[tuple[str, str | None, int]] = []
+    for raw in tres.split(","):
+        item = raw.strip()
+        for prefix in ("gres:", "gres/"):
+            item = item.removeprefix(prefix)
+        m = _GRES_ITEM.match(item)
+        if m:
+            out.append((m.group(1), m.group(2), int(m.group(3))))
+    return tuple(out)
+
+
+def requested_gpu_count(job: SlurmJob) -> int:
+    """How many GPUs a job asks for (typed items count once each; shards count per GPU type)."""
+    items = parse_gres_request(job.tres_per_node)
+    gpus = sum(c for name, _t, c in items if name == "gpu")
+    if gpus:
+        return gpus
+    shard_types = {t for name, t, _c in items if name == "shard"}
+    return len(shard_types)
+
+
+def requested_placement(job: SlurmJob) -> Placement | None:
+    """The exact placement a pending job was released onto: one node and typed gres `gK`, else None."""
+    items = parse_gres_request(job.tres_per_node)
+    if len(job.nodes) != 1 or not items:
+        return None
+    idx: list[int] = []
+    shared = False
+    for name, typ, _c in items:
+        if typ is None or not re.fullmatch(r"g\d+", typ):
+            return None
+        idx.append(int(typ[1:]))
+        shared = shared or name == "shard"
+    return Placement(tuple(GpuRef(job.nodes[0], i) for i in sorted(set(idx))), shared=shared)
+
+
+def held_placement(job: SlurmJob) -> Placement | None:
+    """The GPUs Slurm says a running job holds (whole GPUs, else shards)."""
+    if job.gpus:
+        return Placement(tuple(GpuRef(n, i) for n, ixs in job.gpus.items() for i in ixs))
+    if job.shards:
+        return Placement(tuple(GpuRef(n, i) for n, ixs in job.shards.items() for i in ixs), shared=True)
+    return requested_placement(job) if job.running else None
+
+
+def ever_ran(job: SlurmJob, slices: Iterable[SliceRecord]) -> bool:
+    return job.restart_count > 0 or any(True for _ in slices)
+
+
+def slurm_state(job: SlurmJob, slices: tuple[SliceRecord, ...]) -> JobState:
+    """The policies' state of a managed job from Slurm's (finished jobs map to DONE/FAILED/CANCELLED)."""
+    if job.running:
+        return JobState.RUNNING
+    if job.pending:
+        return JobState.SUSPENDED if ever_ran(job, slices) else JobState.QUEUED
+    if job.state == "COMPLETED":
+        return JobState.DONE
+    if job.state == "CANCELLED":
+        return JobState.CANCELLED
+    return JobState.FAILED
+
+
+def rate_table(records: Iterable[RateRecord]) -> RateTable:
+    """The latest measured rate per (GPU count, locality)."""
+    table = RateTable()
+    for r in sorted(records, key=lambda r: (r.at, r.id)):
+        if r.rate > 0:
+            table = table.with_rate(r.gpus, r.locality, r.rate)
+    return table
+
+
+def with_prior(table: RateTable, speedup: Mapping[int, float]) -> RateTable:
+    """Fill GPU counts nothing was measured at from a scaling table's speed-up curve, anchored to what was
+    measured (the table's units are another model's; only its shape is used). Unmeasured counts are
+    entered at SWITCH locality, where scaling tables are measured."""
+    known = table.rates
+    anchors = [r / speedup[k] for (k, _loc), r in known.items() if speedup.get(k, 0) > 0 and r > 0]
+    if not anchors:
+        return table
+    anchors.sort()
+    one = anchors[len(anchors) // 2]
+    counts = {k for k, _ in known}
+    out = table
+    for k, s in sorted(speedup.items()):
+        if k not in counts and s > 0:
+            out = out.with_rate(k, Locality.SWITCH, one * s)
+    return out
+
+
+def topology_for(base: Topology, nodes: Iterable[SlurmNode], foreign: Mapping[str, set[int]]) -> Topology:
+    """The topology with Slurm's node health, minus GPUs that unmanaged jobs hold."""
+    by_name = {n.name: n for n in nodes}
+    out: list[Node] = []
+    for n in base.nodes:
+        sn = by_name.get(n.name)
+        up = n.up and (sn.up if sn is not None else False)
+        taken = foreign.get(n.name, set())
+        gpus = tuple(g for g in n.gpus if g.ref.index not in taken)
+        out.append(Node(n.name, gpus, up=up, shards=n.shards))
+    return Topology(tuple(out))
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """Everything known about one managed job at one instant (the inputs of `job_from`)."""
+
+    slurm: SlurmJob
+    spec: JobSpec
+    slices: tuple[SliceRecord, ...] = ()
+    rates: tuple[RateRecord, ...] = ()
+    progress: ProgressLike | None = None
+    trial: Trial | None = None
+    failed_trials: frozenset[TrialKind] = frozenset()
+    speedup: Mapping[int, float] | None = None  # k -> T(k)/T(1) from the model's scaling table
+
+
+def job_from(inp: JobInputs, topology: Topology, now: float) -> Job:
+    """The policies' Job for one managed job (pure)."""
+    sj, slices = inp.slurm, inp.slices
+    state = slurm_state(sj, slices)
+    placement = held_placement(sj) if state is JobState.RUNNING else None
+    if state is JobState.RUNNING and placement is None:
+        log.warning("job %s runs but Slurm reports no GPUs for it", sj.job_id)
+    open_slice = next((s for s in slices if s.is_open), None)
+    closed = [s for s in slices if not s.is_open]
+    attained = sum(s.elapsed(now) * s.placement.count for s in slices)
+    spec = inp.spec
+    prog = inp.progress
+    total = spec.total_work
+    if total is None and prog is not None and prog.total_samples:
+        spec = JobSpec(
+            spec.job_id, spec.user, spec.min_gpus, spec.max_gpus, spec.submit_time,
+            float(prog.total_samples), spec.name, spec.model,
+        )
+    rates = rate_table(inp.rates)
+    measured: float | None = None
+    slice_start = open_slice.start if (open_slice and state is JobState.RUNNING) else None
+    if state is JobState.RUNNING and placement is not None and prog is not None:
+        started = slice_start if slice_start is not None else sj.start_time
+        fresh = prog.updated >= started + RATE_WARMUP_S
+        if fresh and prog.samples_per_s > 0 and prog.world_size == placement.count:
+            measured = float(prog.samples_per_s)
+            loc = topology.locality(placement.gpus) if all(topology.has_gpu(g) for g in placement.gpus) else (
+                Locality.CROSS_NODE if len(placement.nodes) > 1 else Locality.NODE
+            )
+            rates = rates.with_rate(placement.count, loc, measured)
+    if inp.speedup:
+        rates = with_prior(rates, inp.speedup)
+    if state is JobState.RUNNING and slice_start is None:
+        slice_start = sj.start_time or now
+    return Job(
+        spec=spec,
+        state=state,
+        placement=placement,
+        progress=float(prog.samples) if prog is not None else 0.0,
+        attained_service=attained,
+        times_scheduled=len(slices),
+        first_start=min((s.start for s in slices), default=None),
+        slice_start=slice_start,
+        last_run_end=max((s.end for s in closed if s.end is not None), default=None),
+        rates=rates,
+        trial=inp.trial if state is JobState.RUNNING else None,
+        measured_rate=measured,
+        failed_trials=inp.failed_trials,
+    )
+
+
+def build_view(
+    topology: Topology,
+    nodes: Iterable[SlurmNode],
+    inputs: Iterable[JobInputs],
+    foreign: Mapping[str, set[int]],
+    now: float,
+) -> ClusterView:
+    """The ClusterView of the managed jobs that are not finished (pure)."""
+    topo = topology_for(topology, nodes, foreign)
+    jobs = tuple(
+        sorted(
+            (j for j in (job_from(i, topo, now) for i in inputs) if not j.state.finished),
+            key=lambda j: (j.spec.submit_time, _id_key(j.job_id)),
+        )
+    )
+    return ClusterView(topo, jobs, now)
+
+
+def _id_key(job_id: str) -> tuple[int, str]:
+    head = job_id.split("_", 1)[0]
+    return (int(head) if head.isdigit() else 0, job_id)
+
+
+def foreign_gpus(jobs: Iterable[SlurmJob], partitions: Iterable[str]) -> dict[str, set[int]]:
+    """GPUs (whole or shard) that running jobs the controller does not own hold, per node."""
+    parts = tuple(partitions)
+    out: dict[str, set[int]] = {}
+    for j in jobs:
+        if not j.running or is_managed(j, parts):
+            continue
+        for mapping in (j.gpus, j.shards):
+            for node, ixs in mapping.items():
+                out.setdefault(node, set()).update(ixs)
+    return out
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One tick's look at the world: the view for the policy and the raw Slurm jobs behind it."""
+
+    view: ClusterView
+    snapshot: Snapshot
+    managed: Mapping[str, SlurmJob] = field(default_factory=dict)  # job id -> Slurm job (not finished)
+    records: Mapping[str, JobRecord] = field(default_factory=dict)
+    progress: Mapping[str, ProgressLike] = field(default_factory=dict)
+
+    def needs_admin_hold(self) -> tuple[SlurmJob, ...]:
+        """Managed pending jobs that only a user hold (or no hold) keeps from Slurm's own scheduling."""
+        return tuple(
+            j for j in self.managed.values() if j.pending and j.hold is not HoldKind.ADMIN
+        )

@@ -1,0 +1,334 @@
+"""Settle every difference between the store and Slurm.
+
+`recover` runs once at startup, before the first tick: it finishes or rolls back decisions a crash left
+without an outcome (every protocol operation is idempotent, so "finish" means running it again).
+`settle` runs at startup and at the start of every tick: it registers new marked jobs, admin-holds the
+ones only a user hold (or nothing) keeps from Slurm's own scheduling, and brings the store's job states
+and slices in line with what Slurm shows (finished, cancelled by the user, requeued by Slurm after a
+node failure, adopted after a crash between release and record).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_gandiva.controller.act import (
+    SLICE_END_FOR,
+    ProtocolLike,
+    finished_job_state,
+    finished_slice_end,
+)
+from slurm_gandiva.controller.observe import held_placement, is_managed, requested_gpu_count
+from slurm_gandiva.errors import GandivaError
+from slurm_gandiva.model import GpuRef, JobState, Placement
+from slurm_gandiva.plan import Action
+from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.requeue.protocol import Outcome, Phase, phase
+from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, Snapshot
+from slurm_gandiva.store.api import DecisionRecord, JobRecord, SliceEnd, StoreApi
+from slurm_gandiva.store.api import Outcome as StoreOutcome
+from slurm_gandiva.submit.spec import fallback_spec, read_spec
+
+log = logging.getLogger(__name__)
+
+# How long a marked job may wait for `gandiva sbatch` to write its spec file before it is taken as a
+# plain sbatch job (rigid, GPU count from Slurm).
+SPEC_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One difference found and settled (also recorded as a store event)."""
+
+    kind: str
+    job_id: str
+    detail: str
+
+
+def _status_outcome(files: JobFiles) -> str | None:
+    import json
+
+    try:
+        data = json.loads(files.status.read_text())
+    except (OSError, ValueError):
+        return None
+    out = data.get("outcome") if isinstance(data, dict) else None
+    return out if isinstance(out, str) else None
+
+
+class Reconciler:
+    """Brings the store in line with Slurm; see the module docstring."""
+
+    def __init__(
+        self,
+        backend: SlurmBackend,
+        store: StoreApi,
+        *,
+        partitions: Iterable[str],
+        jobs_root: Path,
+        clock: Callable[[], float],
+        spec_grace: float = SPEC_GRACE_S,
+        stop_timeout: float = 120.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self.partitions = tuple(partitions)
+        self.jobs_root = jobs_root
+        self.clock = clock
+        self.spec_grace = spec_grace
+        self.stop_timeout = stop_timeout
+        self.sleep = sleep
+
+    def _note(self, out: list[Finding], kind: str, job_id: str, detail: str) -> None:
+        log.info("reconcile: job %s: %s: %s", job_id, kind, detail)
+        out.append(Finding(kind, job_id, detail))
+        try:
+            self.store.record_event(f"reconcile-{kind}", job_id, detail, self.clock())
+        except Exception:
+            log.exception("could not record a reconcile event")
+
+    # -- every tick -------------------------------------------------------------------------------------
+    def settle(self, snap: Snapshot) -> tuple[Finding, ...]:
+        """Register, hold and account for every managed job; errors are isolated per job."""
+        out: list[Finding] = []
+        now = self.clock()
+        managed = {j.job_id: j for j in snap.jobs if is_managed(j, self.partitions)}
+        for sj in managed.values():
+            try:
+                self._settle_slurm_job(sj, now, out)
+            except Exception:
+                log.exception("reconcile: job %s failed; will retry next tick", sj.job_id)
+        for rec in self.store.list_jobs(states=[JobState.QUEUED, JobState.RUNNING, JobState.SUSPENDED]):
+            if rec.job_id in managed:
+                continue
+            try:
+                self._settle_vanished(rec, snap, now, out)
+            except Exception:
+                log.exception("reconcile: job %s failed; will retry next tick", rec.job_id)
+        return tuple(out)
+
+    def _register(self, sj: SlurmJob, now: float, out: list[Finding]) -> JobRecord | None:
+        spec = read_spec(self.jobs_root, sj.job_id, owner=sj.user)
+        if spec is None:
+            if sj.submit_time and now - sj.submit_time < self.spec_grace and not sj.running:
+                return None  # gandiva sbatch writes the spec right after sbatch returns
+            spec = fallback_spec(sj.job_id, sj.user, requested_gpu_count(sj) or 1, sj.submit_time, sj.name)
+        job_spec = spec.to_job_spec(submit_time=sj.submit_time or spec.submitted)
+        rec = self.store.upsert_job(
+            job_spec,
+            at=now,
+            state=JobState.QUEUED,
+            partition=sj.partition,
+            state_dir=str(self.jobs_root / sj.job_id),
+        )
+        self._note(out, "registered", sj.job_id, f"{job_spec.min_gpus}:{job_spec.max_gpus} GPUs, user {sj.user}")
+        return rec
+
+    def _settle_slurm_job(self, sj: SlurmJob, now: float, out: list[Finding]) -> None:
+        jid = sj.job_id
+        if sj.pending and sj.hold is not HoldKind.ADMIN:
+            # job_submit.lua's hold is a user hold, a node failure requeues unheld: the controller decides.
+            self.backend.hold(jid)
+            self._note(out, "admin-hold", jid, f"was {sj.reason or 'pending'} with a {sj.hold.value} hold")
+        rec = self.store.get_job(jid)
+        if rec is None and sj.finished:
+            return  # finished before this controller ever saw it: nothing to manage
+        if rec is None:
+            rec = self._register(sj, now, out)
+            if rec is None:
+                return
+        current = self.store.current_slice(jid)
+        if sj.finished:
+            end = sj.end_time or now
+            reason = finished_slice_end(sj.state)
+            if current is not None:
+                self.store.close_slice(jid, max(end, current.start), reason)
+            if rec.state is not finished_job_state(sj.state):
+                self.store.set_job_state(jid, finished_job_state(sj.state), at=now)
+                self._note(out, reason.value, jid, f"Slurm shows {sj.state}")
+            return
+        if sj.running:
+            placement = held_placement(sj)
+            if placement is None:
+                return
+            if current is not None and current.placement != placement:
+                self.store.close_slice(jid, now, SliceEnd.REQUEUED)
+                self._note(out, "moved", jid, f"store had {current.placement}, Slurm shows {placement}")
+                current = None
+            if current is None:
+                start = sj.start_time if sj.start_time and sj.start_time <= now else now
+                self.store.open_slice(jid, placement, start)
+                self._note(out, "adopted", jid, f"running on {placement} without an open slice")
+            if rec.state is not JobState.RUNNING:
+                self.store.set_job_state(jid, JobState.RUNNING, at=now)
+            return
+        if sj.pending and current is not None:
+            self.store.close_slice(jid, now, SliceEnd.REQUEUED)
+            self._note(out, "requeued", jid, f"pending ({sj.reason}) while the store had it running")
+        if sj.pending and rec.state is JobState.RUNNING:
+            self.store.set_job_state(jid, JobState.SUSPENDED, at=now)
+
+    def _settle_vanished(self, rec: JobRecord, snap: Snapshot, now: float, out: list[Finding]) -> None:
+        """A job the store has as active that Slurm no longer lists managed (gone, or unmarked)."""
+        sj = next((j for j in snap.jobs if j.job_id == rec.job_id), None)
+        if sj is not None and not sj.finished:
+            return  # still there but no longer managed (comment or partition changed): leave it be
+        outcome = _status_outcome(JobFiles(Path(rec.state_dir))) if rec.state_dir else None
+        if sj is not None:
+            reason = finished_slice_end(sj.state)
+        elif outcome == "done":
+            reason = SliceEnd.DONE
+        elif outcome == "failed":
+            reason = SliceEnd.FAILED
+        else:
+            reason = SliceEnd.CANCELLED
+        state = {SliceEnd.DONE: JobState.DONE, SliceEnd.FAILED: JobState.FAILED}.get(reason, JobState.CANCELLED)
+        self.store.close_slice(rec.job_id, now, reason)
+        self.store.set_job_state(rec.job_id, state, at=now)
+        self._note(out, reason.value, rec.job_id, "no longer in Slurm's queue" if sj is None else sj.state)
+
+    # -- startup --------------------------------------------------------------------------------------------
+    def recover(self, snap: Snapshot, protocol: ProtocolLike) -> tuple[Finding, ...]:
+        """Finish or roll back every decision left without an outcome (oldest first)."""
+        out: list[Finding] = []
+        jobs = {j.job_id: j for j in snap.jobs}
+        for d in self.store.open_intents():
+            try:
+                self._recover_one(d, jobs, protocol, out)
+            except Exception as exc:
+                log.exception("recover: decision %d (job %s) failed", d.id, d.job_id)
+                self.store.record_outcome(d.id, StoreOutcome.FAILED, f"recovery failed: {exc}", self.clock())
+                self._note(out, "recovery-failed", d.job_id, str(exc))
+        return tuple(out)
+
+    def _recover_one(
+        self, d: DecisionRecord, jobs: Mapping[str, SlurmJob], protocol: ProtocolLike, out: list[Finding]
+    ) -> None:
+        sj = jobs.get(d.job_id)
+        if sj is None:
+            sj = self._fresh(d.job_id)
+        if sj is None or sj.finished:
+            self.store.record_outcome(d.id, StoreOutcome.ABANDONED, "the job is gone", self.clock())
+            self._note(out, "abandoned", d.job_id, f"{d.action.value}: the job finished meanwhile")
+            return
+        ph = phase(sj)
+        stops = d.action not in (Action.START, Action.RESUME)
+        if ph is Phase.RUNNING and stops and self._signalled(d):
+            # A second signal would hit a wrapper that is already checkpointing: wait for it instead.
+            ph = self._await_stop(d, out)
+        if d.action is Action.SUSPEND:
+            res = protocol.suspend(d.job_id)  # idempotent: skips what is already done
+            now = self.clock()
+            if res.outcome is Outcome.FINISHED:
+                self.store.record_outcome(d.id, StoreOutcome.ABANDONED, res.detail, now)
+                return
+            self.store.close_slice(d.job_id, now, SliceEnd.QUANTUM)
+            self.store.set_job_state(d.job_id, JobState.SUSPENDED, at=now)
+            self.store.record_outcome(d.id, StoreOutcome.SUCCEEDED, f"finished after restart (was {ph.value})", now)
+            self._note(out, "finished-suspend", d.job_id, f"was {ph.value}")
+            return
+        assert d.placement is not None
+        target = d.placement
+        if ph is Phase.RUNNING and held_placement(sj) == target:
+            self._record_running(d, target, f"already running on {target} (was {ph.value})", out)
+            return
+        if self._gpus_taken(target, d.job_id, jobs.values()):
+            self._roll_back(d, sj, protocol, out)
+            return
+        if d.action in (Action.START, Action.RESUME):
+            res = protocol.resume(d.job_id, target)
+        elif d.action is Action.RESIZE:
+            res = protocol.resize(d.job_id, target)
+        else:
+            res = protocol.migrate(d.job_id, target)
+        if res.outcome is Outcome.FINISHED:
+            self.store.record_outcome(d.id, StoreOutcome.ABANDONED, res.detail, self.clock())
+            return
+        self._record_running(d, res.placement or target, f"finished after restart (was {ph.value})", out)
+
+    def _signalled(self, d: DecisionRecord) -> bool:
+        """Whether the crashed controller already signalled the job for decision `d` (store or wrapper says so)."""
+        for st in self.store.steps(d.id):
+            if st.step == "signal" and st.end is not None and not st.detail.startswith(("not sent", "error")):
+                return True
+        rec = self.store.get_job(d.job_id)
+        events = JobFiles(Path(rec.state_dir) if rec and rec.state_dir else self.jobs_root / d.job_id).events
+        try:
+            lines = events.read_text(errors="replace").splitlines()
+        except OSError:
+            return False
+        import json
+
+        for line in reversed(lines):
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("event") == "signal" and float(ev.get("time", 0)) >= d.intent_at:
+                return True
+        return False
+
+    def _await_stop(self, d: DecisionRecord, out: list[Finding]) -> Phase:
+        """Wait (up to stop_timeout) for a signalled job to requeue-hold itself; returns its phase."""
+        deadline = self.clock() + self.stop_timeout
+        ph = Phase.RUNNING
+        while True:
+            sj = self._fresh(d.job_id)
+            ph = phase(sj) if sj is not None else Phase.FINISHED
+            if ph is not Phase.RUNNING and ph is not Phase.STOPPING:
+                break
+            if self.clock() >= deadline:
+                break
+            self.sleep(0.2)
+        self._note(out, "awaited-signal", d.job_id, f"already signalled before the crash; now {ph.value}")
+        return ph
+
+    def _record_running(self, d: DecisionRecord, placement: Placement, detail: str, out: list[Finding]) -> None:
+        now = self.clock()
+        cur = self.store.current_slice(d.job_id)
+        if cur is not None and cur.placement != placement:
+            self.store.close_slice(d.job_id, now, SLICE_END_FOR.get(d.action, SliceEnd.REQUEUED))
+        self.store.open_slice(d.job_id, placement, now)
+        self.store.set_job_state(d.job_id, JobState.RUNNING, at=now)
+        self.store.record_outcome(d.id, StoreOutcome.SUCCEEDED, detail, now)
+        self._note(out, f"finished-{d.action.value}", d.job_id, detail)
+
+    def _roll_back(self, d: DecisionRecord, sj: SlurmJob, protocol: ProtocolLike, out: list[Finding]) -> None:
+        """The target GPUs went to someone else: leave the job suspended; the next tick decides again."""
+        if phase(sj) in (Phase.RUNNING, Phase.STOPPING):
+            protocol.suspend(d.job_id)
+        elif sj.hold is not HoldKind.ADMIN:
+            self.backend.hold(d.job_id)
+        now = self.clock()
+        self.store.close_slice(d.job_id, now, SLICE_END_FOR.get(d.action, SliceEnd.QUANTUM))
+        rec = self.store.get_job(d.job_id)
+        if rec is not None and not rec.state.finished:
+            self.store.set_job_state(d.job_id, JobState.SUSPENDED, at=now)
+        detail = f"{d.action.value} to {d.placement}: GPUs now taken; left suspended"
+        self.store.record_outcome(d.id, StoreOutcome.ROLLED_BACK, detail, now)
+        self._note(out, "rolled-back", d.job_id, detail)
+
+    @staticmethod
+    def _gpus_taken(target: Placement, job_id: str, jobs: Iterable[SlurmJob]) -> bool:
+        want = set(target.gpus)
+        for j in jobs:
+            if j.job_id == job_id or not j.running:
+                continue
+            held = {GpuRef(n, i) for n, ixs in j.gpus.items() for i in ixs}
+            shards = {GpuRef(n, i) for n, ixs in j.shards.items() for i in ixs}
+            if want & held or (want & shards and not target.shared):
+                return True
+            if target.shared and want & shards:
+                continue  # sharing a shard-held GPU is what packing does; Slurm enforces the shard count
+        return False
+
+    def _fresh(self, job_id: str) -> SlurmJob | None:
+        try:
+            return self.backend.job(job_id)
+        except GandivaError:
+            return None

@@ -1,0 +1,502 @@
+"""The controller service: observe -> decide -> act -> record, on APScheduler jobs.
+
+    ctl = Controller(config, backend, store)       # clock defaults to time.time (unix seconds)
+    ctl.reconcile()                                # startup: settle the store with Slurm
+    ctl.tick()                                     # one round, e.g. from a test or a demo
+    ctl.run_forever()                              # reconcile, then tick / rotate / introspect until stop()
+
+Scheduler jobs (max_instances=1, coalesce): `tick` every `config.tick` s, `rotate` every `config.quantum`
+s (a tick that always runs the policy, so time slices turn over even if a tick was skipped), and
+`introspect` every `config.introspect` s (records measured rates, refreshes metrics). tick and rotate
+share one lock, so one plan is carried out at a time. Any exception in a job is logged and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult, ProtocolLike
+from slurm_gandiva.controller.config import ControllerConfig, load_config
+from slurm_gandiva.controller.observe import (
+    JobInputs,
+    Observation,
+    ProgressLike,
+    build_view,
+    foreign_gpus,
+    is_managed,
+)
+from slurm_gandiva.controller.reconcile import Finding, Reconciler
+from slurm_gandiva.errors import ConfigError, GandivaError
+from slurm_gandiva.model import ClusterView, GpuRef, Topology, Trial, TrialKind
+from slurm_gandiva.plan import Action, Plan, apply_decision
+from slurm_gandiva.requeue.contract import JobFiles, read_progress
+from slurm_gandiva.selector.base import Policy
+from slurm_gandiva.slurm.base import SlurmBackend, Snapshot
+from slurm_gandiva.store.api import StoreApi
+
+log = logging.getLogger(__name__)
+
+
+def make_configured_policy(cfg: ControllerConfig) -> Policy:
+    """The policy the config names, with its [policy] parameters (ConfigError when unknown).
+
+    A time-slicing policy (one whose quantum is not None) gets the config's `quantum` unless [policy]
+    sets its own.
+    """
+    from slurm_gandiva.selector import make_policy
+
+    params = cfg.params
+    try:
+        policy = make_policy(cfg.policy, **params)
+        if "quantum" not in params and getattr(policy, "quantum", None) is not None:
+            policy = make_policy(cfg.policy, **params, quantum=cfg.quantum)
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.source}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{cfg.source}: policy {cfg.policy!r} rejects its parameters ({exc}); fix [policy]") from None
+    return policy
+
+
+def load_topology(cfg: ControllerConfig) -> Topology:
+    from slurm_gandiva.topology.file import read_topology
+
+    if not cfg.topology_file.is_file():
+        raise ConfigError(
+            f"{cfg.source}: topology file {cfg.topology_file} does not exist; "
+            "run `gandiva topology collect` (or devcluster up) to write it"
+        )
+    return read_topology(cfg.topology_file)
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """What one tick saw and did."""
+
+    at: float
+    view: ClusterView | None
+    plan: Plan
+    results: tuple[ActResult, ...]
+    findings: tuple[Finding, ...]
+    error: str = ""
+
+
+class Controller:
+    """The live controller. `clock` gives unix seconds (the store's and Slurm's time base)."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        backend: SlurmBackend,
+        store: StoreApi,
+        clock: Callable[[], float] = time.time,
+        *,
+        policy: Policy | None = None,
+        protocol: ProtocolLike | None = None,
+        topology: Topology | None = None,
+        progress_reader: Callable[[Path], ProgressLike | None] | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+        crash_at: str | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.store = store
+        self.clock = clock
+        self.config_path = config_path
+        self.policy = policy if policy is not None else make_configured_policy(config)
+        self.topology = topology if topology is not None else load_topology(config)
+        self.read_progress: Callable[[Path], ProgressLike | None] = progress_reader or read_progress
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._lock = threading.Lock()
+        self._trials: dict[str, Trial] = {}
+        self._failed_trials: dict[str, frozenset[TrialKind]] = {}
+        self._speedups: dict[tuple[str, int], Mapping[int, float] | None] = {}
+        self._backoff: dict[str, float] = {}  # job id -> until when its failed moves are not retried
+        self._scheduler: Any = None
+        self.metrics = _make_metrics()
+        self._metrics_server: Any = None
+        self.last_report: TickReport | None = None
+        self.actor = Actor(
+            backend,
+            store,
+            clock=clock,
+            crash_at=crash_at if crash_at is not None else os.environ.get(CRASH_ENV),
+            should_stop=self._stop.is_set,
+            metrics=self.metrics,
+        )
+        self.protocol = protocol if protocol is not None else self._make_protocol()
+        self.actor.protocol = self.protocol
+        self.reconciler = self._make_reconciler()
+        self._reconciled = False
+
+    def _make_protocol(self) -> ProtocolLike:
+        from slurm_gandiva.requeue.protocol import RequeueProtocol
+
+        return RequeueProtocol(
+            self.backend,
+            signal_name=self.config.signal,
+            suspend_timeout=self.config.suspend_timeout,
+            journal=self.actor.journal,
+            jobs_root=self.config.job_root,
+        )
+
+    def _make_reconciler(self) -> Reconciler:
+        return Reconciler(
+            self.backend,
+            self.store,
+            partitions=self.config.partitions,
+            jobs_root=self.config.job_root,
+            clock=self.clock,
+            stop_timeout=self.config.suspend_timeout,
+        )
+
+    # -- observe --------------------------------------------------------------------------------------
+    def observe(self, snap: Snapshot) -> Observation:
+        """The view of the managed, registered, unfinished jobs (one store query per kind of record)."""
+        managed = {
+            j.job_id: j for j in snap.jobs if is_managed(j, self.config.partitions) and not j.finished
+        }
+        records = {jid: r for jid in managed if (r := self.store.get_job(jid)) is not None}
+        slices_by_job: dict[str, list[Any]] = {jid: [] for jid in records}
+        if records:
+            for s in self.store.slices(job_ids=list(records)):
+                slices_by_job.setdefault(s.job_id, []).append(s)
+        progress: dict[str, ProgressLike] = {}
+        inputs: list[JobInputs] = []
+        for jid, rec in records.items():
+            files = JobFiles(Path(rec.state_dir) if rec.state_dir else self.config.job_root / jid)
+            prog = self.read_progress(files.progress)
+            if prog is not None:
+                progress[jid] = prog
+            inputs.append(
+                JobInputs(
+                    slurm=managed[jid],
+                    spec=rec.spec,
+                    slices=tuple(slices_by_job.get(jid, ())),
+                    rates=self.store.rates(jid),
+                    progress=prog,
+                    trial=self._trials.get(jid),
+                    failed_trials=self._failed_trials.get(jid, frozenset()),
+                    speedup=self.speedup(rec.spec.model, rec.spec.max_gpus) if rec.spec.elastic else None,
+                )
+            )
+        now = self.clock()
+        view = build_view(self.topology, snap.nodes, inputs, foreign_gpus(snap.jobs, self.config.partitions), now)
+        return Observation(view, snap, managed, records, progress)
+
+    def speedup(self, model: str, max_gpus: int) -> Mapping[int, float] | None:
+        """T(k)/T(1) for k = 1..max_gpus on one node from the model's scaling table (None when unknown)."""
+        if not model:
+            return None
+        key = (model, max_gpus)
+        if key not in self._speedups:
+            try:
+                from slurm_gandiva.sim.models import load_profile
+
+                prof = load_profile(model)
+                one = prof.throughput((1,))
+                self._speedups[key] = {k: prof.throughput((k,)) / one for k in range(1, max_gpus + 1)}
+            except (GandivaError, ImportError, OSError, ValueError, KeyError):
+                log.warning("no scaling table for model %r: its jobs grow only on measured speed-ups", model)
+                self._speedups[key] = None
+        return self._speedups[key]
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def reconcile(self) -> tuple[Finding, ...]:
+        """Startup: finish or roll back half-done decisions, then settle the store with Slurm."""
+        with self._lock:
+            snap = self.backend.snapshot()
+            found = self.reconciler.recover(snap, self.protocol)
+            found += self.reconciler.settle(self.backend.snapshot())
+            self._reconciled = True
+            self.store.record_event("controller-start", None, f"reconciled: {len(found)} differences", self.clock())
+            return found
+
+    def tick(self) -> TickReport:
+        """One round: observe -> decide -> act -> record. Never raises for a failing job or decision."""
+        if not self._reconciled:
+            self.reconcile()
+        with self._lock:
+            return self._tick()
+
+    rotate = tick  # the quantum job: the policy sees slice ages and turns slices over
+
+    def _tick(self) -> TickReport:
+        now = self.clock()
+        findings: tuple[Finding, ...] = ()
+        view: ClusterView | None = None
+        try:
+            snap = self.backend.snapshot()
+            findings = self.reconciler.settle(snap)
+            if findings:
+                snap = self.backend.snapshot()
+            obs = self.observe(snap)
+            view = obs.view
+            errs = view.consistency_errors()
+            if errs:
+                log.error("Slurm shows an inconsistent cluster: %s", "; ".join(errs))
+            plan = spare_finishing(self.policy.decide(view, view.now), view, obs.progress)
+            plan = self._without_backoff(plan, view.now)
+            bad = plan.apply(view).consistency_errors() if plan else []
+            if bad and not errs:
+                msg = "; ".join(bad)
+                log.error("policy %s proposed an impossible plan, not acting: %s", self.policy.name, msg)
+                self.store.record_event("bad-plan", None, msg, now)
+                return self._report(TickReport(now, view, plan, (), findings, f"bad plan: {msg}"))
+            held = {j.job_id: j.placement for j in view.running if j.placement is not None}
+            results = self.actor.execute(plan, held) if plan else ()
+            self._note_trials(view, results)
+            self._note_failures(results, now)
+            return self._report(TickReport(now, view, plan, results, findings))
+
+        except Exception as exc:
+            log.exception("tick failed; the next tick tries again")
+            return self._report(TickReport(now, view, Plan(), (), findings, f"{type(exc).__name__}: {exc}"))
+
+    @staticmethod
+    def _after(rep: TickReport) -> ClusterView | None:
+        """The view once the decisions that succeeded took effect."""
+        if rep.view is None:
+            return None
+        done = tuple(r.decision for r in rep.results if r.ok)
+        return Plan(done).apply(rep.view) if done else rep.view
+
+    def _report(self, rep: TickReport) -> TickReport:
+        self.last_report = rep
+        if self.metrics is not None:
+            try:
+                after = self._after(rep)
+                if after is not None:
+                    self.metrics.observe_view(after)
+                self.metrics.tick(max(0.0, self.clock() - rep.at))
+                if rep.error:
+                    self.metrics.error("tick")
+            except Exception:
+                log.exception("metrics update failed")
+        return rep
+
+    def _without_backoff(self, plan: Plan, now: float) -> Plan:
+        """Drop moves (not suspends) of jobs whose last move failed less than a quantum ago: retrying at
+        once would only suspend and resume them again for nothing."""
+        for jid in [j for j, until in self._backoff.items() if until <= now]:
+            del self._backoff[jid]
+        if not self._backoff:
+            return plan
+        keep = tuple(d for d in plan.decisions if d.action is Action.SUSPEND or d.job_id not in self._backoff)
+        if len(keep) == len(plan.decisions):
+            return plan
+        log.info("not retrying failed moves yet for jobs %s", ", ".join(sorted(self._backoff)))
+        return Plan(keep)
+
+    def _note_failures(self, results: tuple[ActResult, ...], now: float) -> None:
+        for r in results:
+            if not r.ok and r.decision.action is not Action.SUSPEND and r.decision_id is not None:
+                self._backoff[r.decision.job_id] = now + self.config.quantum
+
+    def _note_trials(self, view: ClusterView, results: tuple[ActResult, ...]) -> None:
+        """Keep each job's introspective trial (the policy's bookkeeping) between ticks."""
+        running = {j.job_id for j in view.running}
+        for jid in [j for j in self._trials if j not in running]:
+            del self._trials[jid]
+        active = {j.job_id for j in view.jobs}
+        for jid in [j for j in self._failed_trials if j not in active]:
+            del self._failed_trials[jid]
+        for r in results:
+            if not r.ok:
+                continue
+            job = apply_decision(view.job(r.decision.job_id), r.decision, self.clock())
+            if job.failed_trials:
+                self._failed_trials[job.job_id] = job.failed_trials
+            if job.trial is not None:
+                self._trials[job.job_id] = job.trial
+            else:
+                self._trials.pop(job.job_id, None)
+
+    def introspect(self) -> int:
+        """Record the running jobs' measured rates (by GPU count and locality); returns how many."""
+        rep = self.last_report
+        view = rep.view if rep is not None else None
+        if view is None:
+            return 0
+        n = 0
+        now = self.clock()
+        for job in view.running:
+            if job.measured_rate is None or job.placement is None:
+                continue
+            try:
+                loc = view.topology.locality(job.placement.gpus)
+                self.store.record_rate(job.job_id, job.placement.count, loc, job.measured_rate, now)
+                n += 1
+            except Exception:
+                log.exception("job %s: could not record its rate", job.job_id)
+        return n
+
+    # -- service --------------------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        """SIGTERM / SIGINT: finish the step in flight and stop; SIGHUP: re-read the config."""
+
+        def on_term(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %s: stopping after the step in flight", signal.Signals(signum).name)
+            self.stop()
+
+        def on_hup(_signum: int, _frame: FrameType | None) -> None:
+            self._reload.set()
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+        signal.signal(signal.SIGHUP, on_hup)
+
+    def stop(self) -> None:
+        """Ask the loop to stop: decisions not yet started are dropped; the one in flight finishes."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    def reload(self) -> bool:
+        """Re-read the config file; keep the old config when the new one is bad. True when applied."""
+        if self.config_path is None:
+            log.warning("reload: the controller was not started from a config file")
+            return False
+        try:
+            cfg = load_config(self.config_path)
+            policy = make_configured_policy(cfg)
+            topo = load_topology(cfg)
+        except GandivaError as exc:
+            log.error("reload refused, keeping the running config: %s", exc)
+            self.store.record_event("config-reload-refused", None, str(exc), self.clock())
+            return False
+        with self._lock:
+            old = self.config
+            self.config, self.policy, self.topology = cfg, policy, topo
+            proto: Any = self.protocol
+            if hasattr(proto, "signal_name"):
+                proto.signal_name = cfg.signal
+                proto.suspend_timeout = cfg.suspend_timeout
+            self.reconciler = self._make_reconciler()
+        if self._scheduler is not None:
+            for job_id, attr in (("tick", "tick"), ("rotate", "quantum"), ("introspect", "introspect")):
+                if getattr(old, attr) != getattr(cfg, attr):
+                    self._scheduler.reschedule_job(job_id, trigger="interval", seconds=getattr(cfg, attr))
+        log.info("config reloaded from %s (policy %s)", self.config_path, cfg.policy)
+        self.store.record_event("config-reload", None, f"policy {cfg.policy}, quantum {cfg.quantum:g}", self.clock())
+        return True
+
+    def _guarded(self, name: str, fn: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            if self._stop.is_set():
+                return
+            try:
+                fn()
+            except Exception:
+                log.exception("scheduler job %s failed; it runs again at its next time", name)
+                if self.metrics is not None:
+                    self.metrics.error(name)
+
+        return run
+
+    def run_forever(self, *, metrics: bool = True) -> int:
+        """Reconcile, then run the scheduler jobs until stop() (or SIGTERM); returns the exit code 0."""
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        if metrics and self.config.metrics_port:
+            self._start_metrics()
+        self.reconcile()
+        sched = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
+        cfg = self.config
+        sched.add_job(self._guarded("tick", self.tick), "interval", seconds=cfg.tick, id="tick",
+                      next_run_time=_now_dt())
+        sched.add_job(self._guarded("rotate", self.rotate), "interval", seconds=cfg.quantum, id="rotate")
+        sched.add_job(self._guarded("introspect", self.introspect), "interval", seconds=cfg.introspect,
+                      id="introspect")
+        self._scheduler = sched
+        sched.start()
+        log.info(
+            "controller running: policy %s, tick %g s, quantum %g s, partitions %s",
+            cfg.policy, cfg.tick, cfg.quantum, ",".join(cfg.partitions) or "all",
+        )
+        try:
+            while not self._stop.is_set():
+                self._stop.wait(0.5)
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self.reload()
+        finally:
+            sched.shutdown(wait=True)  # waits for the tick in flight, which stops after its current step
+            self._scheduler = None
+            self.store.record_event("controller-stop", None, "stopped", self.clock())
+            if self._metrics_server is not None:
+                self._metrics_server.stop()
+                self._metrics_server = None
+            log.info("controller stopped")
+        return 0
+
+    def _start_metrics(self) -> None:
+        if self.metrics is None:
+            log.warning("prometheus-client is not installed: no metrics endpoint")
+            return
+        try:
+            self._metrics_server = self.metrics.serve(self.config.metrics_port, self.config.metrics_addr)
+            log.info("metrics on http://%s:%d/metrics", self.config.metrics_addr, self._metrics_server.port)
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.config.source}: cannot serve metrics on port {self.config.metrics_port} ({exc}); "
+                "pick a free metrics_port or 0 to turn it off"
+            ) from None
+
+
+def finishing(prog: ProgressLike) -> bool:
+    """The wrapper reports that training is over (the job is only exiting): stopping it now gains nothing
+    and a signal during its shutdown could turn a finished run into a failed one."""
+    if getattr(prog, "state", "running") == "done":
+        return True
+    return bool(prog.total_samples) and prog.samples >= (prog.total_samples or 0)
+
+
+def spare_finishing(plan: Plan, view: ClusterView, progress: Mapping[str, ProgressLike]) -> Plan:
+    """`plan` without stops of finishing jobs, nor the decisions that counted on their GPUs."""
+    spared = {
+        d.job_id for d in plan.decisions
+        if d.action not in (Action.START, Action.RESUME) and d.job_id in progress and finishing(progress[d.job_id])
+    }
+    if not spared:
+        return plan
+    busy: set[GpuRef] = set()
+    for jid in spared:
+        p = view.job(jid).placement
+        if p is not None:
+            busy.update(p.gpus)
+    keep = tuple(
+        d for d in plan.decisions
+        if d.job_id not in spared and not (d.placement is not None and busy.intersection(d.placement.gpus))
+    )
+    log.info("jobs %s are finishing: not stopping them this tick", ", ".join(sorted(spared)))
+    return Plan(keep)
+
+
+def _make_metrics() -> Any:
+    """H6's Prometheus metrics on a private registry (None when prometheus-client is missing)."""
+    try:
+        from slurm_gandiva.report.metrics import Metrics
+    except ImportError:
+        return None
+    return Metrics()
+
+
+def _now_dt() -> Any:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc)

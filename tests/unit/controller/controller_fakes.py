@@ -1,0 +1,171 @@
+"""In-memory stand-ins for Slurm and the requeue protocol (pure unit tests only)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from slurm_gandiva.errors import ProtocolError, UnknownJob
+from slurm_gandiva.model import GpuRef, Placement
+from slurm_gandiva.requeue.protocol import Op, OpResult, Outcome, Step, StepRecord
+from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot
+
+GRES = ",".join(f"gpu:g{i}:1" for i in range(4))
+
+
+def sjob(
+    jid: str,
+    state: str = "PENDING",
+    *,
+    hold: HoldKind = HoldKind.ADMIN,
+    gpus: dict[str, tuple[int, ...]] | None = None,
+    user: str = "alice",
+    comment: str = "gandiva",
+    partition: str = "gpu",
+    restarts: int = 0,
+    submit: float = 1000.0,
+    start: float = 0.0,
+    tres: str = "gres:gpu:1",
+    nodes: tuple[str, ...] = (),
+) -> SlurmJob:
+    return SlurmJob(
+        job_id=jid,
+        name=f"job{jid}",
+        user=user,
+        state=state,
+        reason="JobHeldAdmin" if hold is HoldKind.ADMIN else "None",
+        hold=hold,
+        nodes=nodes or tuple(sorted((gpus or {}).keys())),
+        gpus=gpus or {},
+        restart_count=restarts,
+        comment=comment,
+        partition=partition,
+        submit_time=submit,
+        start_time=start,
+        tres_per_node=tres,
+    )
+
+
+def nodes(n: int = 2) -> tuple[SlurmNode, ...]:
+    return tuple(SlurmNode(f"n{i}", "IDLE", ("gpu",), GRES, "") for i in range(1, n + 1))
+
+
+class FakeBackend:
+    """Jobs in a dict; records every mutating call."""
+
+    def __init__(self, jobs: list[SlurmJob], clock: Callable[[], float] = time.time) -> None:
+        self.jobs_by_id = {j.job_id: j for j in jobs}
+        self.calls: list[tuple[str, str]] = []
+        self.clock = clock
+        self.lock = threading.Lock()
+
+    def set(self, job: SlurmJob) -> None:
+        with self.lock:
+            self.jobs_by_id[job.job_id] = job
+
+    def snapshot(self) -> Snapshot:
+        with self.lock:
+            return Snapshot(tuple(self.jobs_by_id.values()), nodes(), self.clock())
+
+    def jobs(self) -> tuple[SlurmJob, ...]:
+        return self.snapshot().jobs
+
+    def nodes(self) -> tuple[SlurmNode, ...]:
+        return nodes()
+
+    def job(self, job_id: str) -> SlurmJob:
+        with self.lock:
+            if job_id not in self.jobs_by_id:
+                raise UnknownJob(f"no job {job_id}")
+            return self.jobs_by_id[job_id]
+
+    def hold(self, job_id: str) -> None:
+        self.calls.append(("hold", job_id))
+        j = self.job(job_id)
+        self.set(replace(j, hold=HoldKind.ADMIN, reason="JobHeldAdmin"))
+
+    def release(self, job_id: str) -> None:
+        self.calls.append(("release", job_id))
+
+    def update(self, job_id: str, **fields: str) -> None:
+        self.calls.append(("update", job_id))
+
+    def signal(self, job_id: str, signal_name: str, *, batch_only: bool = True) -> None:
+        self.calls.append(("signal", job_id))
+
+    def requeue_hold(self, job_id: str) -> None:
+        self.calls.append(("requeuehold", job_id))
+
+    def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
+        self.calls.append(("cancel", job_id))
+
+
+class FakeProtocol:
+    """Moves jobs in a FakeBackend as the real protocol would; `delay` per operation; `fail` job ids."""
+
+    def __init__(self, backend: FakeBackend, delay: float = 0.0, fail: frozenset[str] = frozenset()) -> None:
+        self.backend = backend
+        self.delay = delay
+        self.fail = set(fail)
+        self.calls: list[tuple[str, str, Placement | None]] = []
+        self.on_call: Callable[[str, str], None] | None = None
+        self.lock = threading.Lock()
+
+    def _enter(self, op: str, job_id: str, placement: Placement | None) -> None:
+        with self.lock:
+            self.calls.append((op, job_id, placement))
+        if self.on_call is not None:
+            self.on_call(op, job_id)
+        if self.delay:
+            time.sleep(self.delay)
+        if job_id in self.fail:
+            raise ProtocolError(f"job {job_id}: injected failure")
+
+    def suspend(self, job_id: str) -> OpResult:
+        self._enter("suspend", job_id, None)
+        j = self.backend.job(job_id)
+        self.backend.set(
+            replace(
+                j,
+                state="PENDING",
+                gpus={},
+                hold=HoldKind.ADMIN,
+                reason="JobHeldAdmin",
+                restart_count=j.restart_count + 1,
+            )
+        )
+        return OpResult(job_id, Op.SUSPEND, Outcome.SUSPENDED, (StepRecord(Step.SIGNAL, self.delay),))
+
+    def _run(self, op: Op, job_id: str, placement: Placement) -> OpResult:
+        self._enter(op.value, job_id, placement)
+        j = self.backend.job(job_id)
+        gpus: dict[str, tuple[int, ...]] = {}
+        for g in placement.gpus:
+            gpus[g.node] = (*gpus.get(g.node, ()), g.index)
+        self.backend.set(
+            replace(
+                j,
+                state="RUNNING",
+                gpus=gpus,
+                nodes=placement.nodes,
+                hold=HoldKind.NONE,
+                reason="None",
+                start_time=self.backend.clock(),
+            )
+        )
+        return OpResult(job_id, op, Outcome.RUNNING, (StepRecord(Step.RELEASE, self.delay),), placement)
+
+    def resume(self, job_id: str, placement: Placement) -> OpResult:
+        return self._run(Op.RESUME, job_id, placement)
+
+    def migrate(self, job_id: str, placement: Placement) -> OpResult:
+        return self._run(Op.MIGRATE, job_id, placement)
+
+    def resize(self, job_id: str, placement: Placement) -> OpResult:
+        return self._run(Op.RESIZE, job_id, placement)
+
+
+def pl(node: str, *idx: int) -> Placement:
+    return Placement(tuple(GpuRef(node, i) for i in idx))

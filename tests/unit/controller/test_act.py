@@ -1,0 +1,138 @@
+"""act: intent before acting, concurrent suspends, isolation of failures, slices with reasons."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
+
+from slurm_gandiva.controller.act import Actor
+from slurm_gandiva.model import JobSpec, JobState
+from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.requeue.protocol import Op, Step, StepEvent, StepEventKind
+from slurm_gandiva.slurm.base import HoldKind
+from slurm_gandiva.store import Outcome, SliceEnd, Store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    yield s
+    s.close()
+
+
+def setup(store: Store, running: dict[str, tuple[str, tuple[int, ...]]], waiting: list[str]) -> FakeBackend:
+    jobs = []
+    for jid, (node, idx) in running.items():
+        jobs.append(sjob(jid, "RUNNING", hold=HoldKind.NONE, gpus={node: idx}))
+        store.upsert_job(JobSpec(jid, "alice", 1, 4, 1.0), at=1.0, state=JobState.RUNNING)
+        store.open_slice(jid, pl(node, *idx), 10.0)
+    for jid in waiting:
+        jobs.append(sjob(jid))
+        store.upsert_job(JobSpec(jid, "alice", 1, 4, 1.0), at=1.0)
+    return FakeBackend(jobs)
+
+
+def actor(backend: FakeBackend, store: Store, proto: FakeProtocol) -> Actor:
+    a = Actor(backend, store, clock=time.time)
+    a.protocol = proto
+    return a
+
+
+def test_intent_is_recorded_before_acting_and_outcome_after(store: Store) -> None:
+    backend = setup(store, {}, ["1"])
+    proto = FakeProtocol(backend)
+    seen: list[tuple[str, Action]] = []
+    proto.on_call = lambda op, jid: seen.extend((i.job_id, i.action) for i in store.open_intents())
+    res = actor(backend, store, proto).execute(Plan((Decision(Action.START, "1", pl("n1", 0, 1)),)))
+    assert seen == [("1", Action.START)]
+    assert res[0].ok and store.open_intents() == ()
+    [d] = store.decisions(job_ids=["1"])
+    assert d.outcome is Outcome.SUCCEEDED
+    cur = store.current_slice("1")
+    assert cur is not None and cur.placement == pl("n1", 0, 1)
+    assert store.get_job("1").state is JobState.RUNNING
+
+
+def test_suspends_run_concurrently(store: Store) -> None:
+    backend = setup(store, {"1": ("n1", (0,)), "2": ("n1", (1,)), "3": ("n2", (0,))}, [])
+    proto = FakeProtocol(backend, delay=0.4)
+    plan = Plan(tuple(Decision(Action.SUSPEND, j) for j in ("1", "2", "3")))
+    t0 = time.monotonic()
+    res = actor(backend, store, proto).execute(plan)
+    took = time.monotonic() - t0
+    assert all(r.ok for r in res)
+    assert took < 1.0, f"3 suspends of 0.4 s took {took:.2f} s: not concurrent"
+    for jid in ("1", "2", "3"):
+        [s] = store.slices(job_ids=[jid])
+        assert s.end_reason is SliceEnd.QUANTUM
+        assert store.get_job(jid).state is JobState.SUSPENDED
+
+
+def test_a_failed_decision_is_isolated_and_blocks_only_its_gpus(store: Store) -> None:
+    backend = setup(store, {"1": ("n1", (0,)), "2": ("n1", (1,))}, ["3", "4"])
+    proto = FakeProtocol(backend, fail=frozenset({"1"}))
+    plan = Plan(
+        (
+            Decision(Action.SUSPEND, "1"),
+            Decision(Action.SUSPEND, "2"),
+            Decision(Action.START, "3", pl("n1", 0)),  # needs job 1's GPU: must be skipped
+            Decision(Action.START, "4", pl("n1", 1)),  # job 2's GPU: fine
+        )
+    )
+    held = {"1": pl("n1", 0), "2": pl("n1", 1)}
+    res = {r.decision.job_id: r for r in actor(backend, store, proto).execute(plan, held)}
+    assert not res["1"].ok and "injected failure" in res["1"].detail
+    assert res["2"].ok and res["4"].ok
+    assert not res["3"].ok and "skipped" in res["3"].detail
+    assert ("resume", "3", pl("n1", 0)) not in proto.calls
+    assert store.current_slice("1") is not None  # still running as far as we know
+    assert store.current_slice("4").placement == pl("n1", 1)
+    assert {d.job_id: d.outcome for d in store.decisions()}["1"] is Outcome.FAILED
+
+
+def test_migrate_closes_with_reason_and_opens_new_slice(store: Store) -> None:
+    backend = setup(store, {"1": ("n1", (0, 2))}, [])
+    proto = FakeProtocol(backend)
+    a = actor(backend, store, proto)
+    a.execute(Plan((Decision(Action.MIGRATE, "1", pl("n2", 0, 1)),)))
+    a.execute(Plan((Decision(Action.RESIZE, "1", pl("n2", 0, 1, 2, 3)),)))
+    s = store.slices(job_ids=["1"])
+    assert [x.end_reason for x in s] == [SliceEnd.MIGRATE, SliceEnd.RESIZE, None]
+    assert s[-1].placement == pl("n2", 0, 1, 2, 3)
+    assert [c[0] for c in proto.calls] == ["migrate", "resize"]
+
+
+def test_journal_records_protocol_steps(store: Store) -> None:
+    backend = setup(store, {}, ["1"])
+    a = actor(backend, store, FakeProtocol(backend))
+    did = store.record_intent("1", Action.START, pl("n1", 0), "", 1.0)
+    a._decision_of["1"] = did
+    a.journal(StepEvent("1", Op.RESUME, Step.RELEASE, StepEventKind.START))
+    a.journal(StepEvent("1", Op.RESUME, Step.RELEASE, StepEventKind.END, 0.1, "released"))
+    a.journal(StepEvent("1", Op.RESUME, Step.VERIFY, StepEventKind.SKIP, 0.0, "already"))
+    steps = store.steps(did)
+    assert [(s.step, s.end is not None) for s in steps] == [("release", True), ("verify", True)]
+    assert steps[0].detail == "released"
+
+
+def test_crash_hook_exits_137_at_the_named_step(tmp_path: Path) -> None:
+    code = (
+        "import time\n"
+        "from slurm_gandiva.controller.act import Actor\n"
+        "from slurm_gandiva.requeue.protocol import Op, Step, StepEvent, StepEventKind\n"
+        "from slurm_gandiva.store import Store\n"
+        f"s = Store('sqlite:///{tmp_path}/c.db')\n"
+        "a = Actor(None, s, clock=time.time, crash_at='suspend:signal')\n"
+        "a.journal(StepEvent('1', Op.SUSPEND, Step.SIGNAL, StepEventKind.START))\n"
+        "print('survived start', flush=True)\n"
+        "a.journal(StepEvent('1', Op.SUSPEND, Step.SIGNAL, StepEventKind.END))\n"
+        "print('survived end', flush=True)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 137, p.stderr
+    assert "survived start" in p.stdout and "survived end" not in p.stdout

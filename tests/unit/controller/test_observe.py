@@ -1,0 +1,122 @@
+"""observe: Slurm jobs + store records + progress -> ClusterView (pure parts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller_fakes import nodes, pl, sjob
+
+from slurm_gandiva.controller.observe import (
+    JobInputs,
+    build_view,
+    foreign_gpus,
+    is_managed,
+    parse_gres_request,
+    requested_gpu_count,
+    requested_placement,
+)
+from slurm_gandiva.model import GpuRef, JobSpec, JobState, Locality, Topology
+from slurm_gandiva.slurm.base import HoldKind
+from slurm_gandiva.store.api import RateRecord, SliceEnd, SliceRecord
+
+TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
+
+
+@dataclass(frozen=True)
+class Prog:
+    samples: int = 0
+    total_samples: int | None = None
+    samples_per_s: float = 0.0
+    world_size: int = 1
+    updated: float = 0.0
+
+
+def spec(jid: str, lo: int = 1, hi: int = 1, total: float | None = None) -> JobSpec:
+    return JobSpec(jid, "alice", lo, hi, 1000.0, total)
+
+
+def test_gres_parsing() -> None:
+    assert parse_gres_request("gres:gpu:g0:1,gres:gpu:g2:1") == (("gpu", "g0", 1), ("gpu", "g2", 1))
+    assert parse_gres_request("gres/gpu:2") == (("gpu", None, 2),)
+    assert requested_gpu_count(sjob("1", tres="gres:gpu:3")) == 3
+    assert requested_gpu_count(sjob("1", tres="gres:shard:g1:1,gres:shard:g3:1")) == 2
+    j = sjob("1", tres="gres:gpu:g1:1,gres:gpu:g3:1", nodes=("n2",))
+    assert requested_placement(j) == pl("n2", 1, 3)
+    assert requested_placement(sjob("1", tres="gres:gpu:2", nodes=("n2",))) is None
+
+
+def test_managed_needs_mark_and_partition() -> None:
+    assert is_managed(sjob("1"), ("gpu",))
+    assert is_managed(sjob("1", partition="other"), ())
+    assert not is_managed(sjob("1", partition="other"), ("gpu",))
+    assert not is_managed(sjob("1", comment="x"), ())
+
+
+def test_states_placements_and_history() -> None:
+    now = 2000.0
+    s_old = SliceRecord(1, "2", "alice", 1, pl("n1", 0), 1100.0, 1200.0, SliceEnd.QUANTUM)
+    s_open = SliceRecord(2, "3", "alice", 1, pl("n1", 1, 2), 1900.0)
+    inputs = [
+        JobInputs(sjob("1"), spec("1")),  # held, never ran -> queued
+        JobInputs(sjob("2", restarts=1), spec("2"), slices=(s_old,)),  # ran before -> suspended
+        JobInputs(sjob("3", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (1, 2)}), spec("3", 1, 4), slices=(s_open,)),
+        JobInputs(sjob("4", "COMPLETED", hold=HoldKind.NONE), spec("4")),  # finished: not in view
+    ]
+    view = build_view(TOPO, nodes(), inputs, {}, now)
+    assert [j.job_id for j in view.jobs] == ["1", "2", "3"]
+    assert view.job("1").state is JobState.QUEUED
+    s = view.job("2")
+    assert s.state is JobState.SUSPENDED and s.times_scheduled == 1 and s.last_run_end == 1200.0
+    assert s.attained_service == 100.0
+    r = view.job("3")
+    assert r.state is JobState.RUNNING and r.placement == pl("n1", 1, 2)
+    assert r.slice_start == 1900.0 and r.attained_service == 200.0 and r.spec.elastic
+    assert view.consistency_errors() == []
+
+
+def test_measured_rate_feeds_rate_table_only_when_fresh_and_matching() -> None:
+    sl = SliceRecord(1, "1", "alice", 1, pl("n1", 0, 1), 1000.0)
+    running = sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (0, 1)})
+    old = RateRecord(1, "1", 1, Locality.SWITCH, 50.0, 900.0)
+    fresh = Prog(samples=640, total_samples=6400, samples_per_s=90.0, world_size=2, updated=1010.0)
+    view = build_view(TOPO, nodes(), [JobInputs(running, spec("1", 1, 2), (sl,), (old,), fresh)], {}, 1011.0)
+    j = view.job("1")
+    assert j.measured_rate == 90.0 and j.progress == 640.0
+    assert j.rates.throughput(2, Locality.SWITCH) == 90.0 and j.rates.throughput(1) == 50.0
+    assert j.spec.total_work == 6400.0  # from progress when the spec has none
+    stale = Prog(samples=640, samples_per_s=90.0, world_size=2, updated=1001.0)  # within warm-up
+    v2 = build_view(TOPO, nodes(), [JobInputs(running, spec("1", 1, 2), (sl,), (), stale)], {}, 1011.0)
+    assert v2.job("1").measured_rate is None
+    wrong = Prog(samples=640, samples_per_s=90.0, world_size=1, updated=1010.0)  # old world size
+    v3 = build_view(TOPO, nodes(), [JobInputs(running, spec("1", 1, 2), (sl,), (), wrong)], {}, 1011.0)
+    assert v3.job("1").measured_rate is None
+
+
+def test_foreign_jobs_take_gpus_out_and_down_nodes_show() -> None:
+    other = sjob("9", "RUNNING", hold=HoldKind.NONE, gpus={"n2": (3,)}, comment="")
+    foreign = foreign_gpus([other, sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (0,)})], ("gpu",))
+    assert foreign == {"n2": {3}}
+    from dataclasses import replace
+
+    ns = (nodes()[0], replace(nodes()[1], state="DOWN"))
+    view = build_view(TOPO, ns, [], foreign, 0.0)
+    assert GpuRef("n2", 3) not in view.topology.all_gpus(up_only=False)
+    assert view.free_gpus() == tuple(GpuRef("n1", i) for i in range(4))
+
+
+def test_scaling_prior_fills_unmeasured_counts_anchored_to_measurements() -> None:
+    from slurm_gandiva.controller.observe import with_prior
+    from slurm_gandiva.model import RateTable
+
+    measured = RateTable().with_rate(1, Locality.SWITCH, 50.0)
+    t = with_prior(measured, {1: 1.0, 2: 1.8, 3: 2.5})
+    assert t.throughput(1) == 50.0 and t.throughput(2) == 90.0 and t.throughput(3) == 125.0
+    both = measured.with_rate(2, Locality.NODE, 70.0)  # a measurement always wins over the prior
+    assert with_prior(both, {1: 1.0, 2: 1.8}).rates == both.rates
+    assert with_prior(RateTable(), {1: 1.0, 2: 1.8}).rates == {}  # nothing to anchor to
+    sl = SliceRecord(1, "1", "alice", 1, pl("n1", 0), 1000.0)
+    running = sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (0,)})
+    prog = Prog(samples=64, samples_per_s=40.0, world_size=1, updated=1010.0)
+    inp = JobInputs(running, spec("1", 1, 2), (sl,), (), prog, speedup={1: 1.0, 2: 1.9})
+    j = build_view(TOPO, nodes(), [inp], {}, 1011.0).job("1")
+    assert j.rates.speedup(2) == 1.9

@@ -1,0 +1,177 @@
+"""reconcile: registration, admin holds, finished/cancelled/requeued jobs, and crash recovery."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
+
+from slurm_gandiva.controller.reconcile import Reconciler
+from slurm_gandiva.model import JobSpec, JobState
+from slurm_gandiva.plan import Action
+from slurm_gandiva.slurm.base import HoldKind
+from slurm_gandiva.store import Outcome, SliceEnd, Store
+from slurm_gandiva.submit.spec import SubmitSpec, write_spec
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    yield s
+    s.close()
+
+
+def rec(store: Store, jid: str, state: JobState = JobState.QUEUED, state_dir: str = "") -> None:
+    store.upsert_job(JobSpec(jid, "alice", 1, 1, 1.0), at=1.0, state=state, state_dir=state_dir)
+
+
+def test_registers_new_jobs_from_spec_or_fallback_and_admin_holds(store: Store, tmp_path: Path) -> None:
+    import getpass
+
+    me = getpass.getuser()
+    write_spec(tmp_path, SubmitSpec("5", me, 1, 4, total_samples=1000))
+    now = time.time()
+    backend = FakeBackend(
+        [
+            sjob("5", hold=HoldKind.USER, user=me, submit=now),
+            sjob("6", hold=HoldKind.USER, user=me, submit=now - 60, tres="gres:gpu:2"),  # plain sbatch
+            sjob("7", hold=HoldKind.USER, user=me, submit=now),  # spec not written yet: wait
+            sjob("8", hold=HoldKind.NONE, comment="", user=me),  # not ours
+        ]
+    )
+    r = Reconciler(backend, store, partitions=("gpu",), jobs_root=tmp_path, clock=time.time)
+    found = r.settle(backend.snapshot())
+    assert sorted(backend.calls) == [("hold", "5"), ("hold", "6"), ("hold", "7")]
+    j5, j6 = store.get_job("5"), store.get_job("6")
+    assert (j5.spec.min_gpus, j5.spec.max_gpus, j5.spec.total_work) == (1, 4, 1000.0)
+    assert (j6.spec.min_gpus, j6.spec.max_gpus) == (2, 2)
+    assert store.get_job("7") is None and store.get_job("8") is None
+    assert {f.kind for f in found} >= {"registered", "admin-hold"}
+
+
+def test_finished_cancelled_vanished_and_requeued(store: Store, tmp_path: Path) -> None:
+    for jid in ("1", "2", "3", "4"):
+        rec(store, jid, JobState.RUNNING, state_dir=str(tmp_path / jid))
+        store.open_slice(jid, pl("n1", int(jid) - 1), 10.0)
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / "status.json").write_text('{"outcome": "done"}')
+    backend = FakeBackend(
+        [
+            replace(sjob("1", "COMPLETED", hold=HoldKind.NONE), end_time=50.0),
+            sjob("2", "CANCELLED", hold=HoldKind.NONE),
+            # 3 is gone from squeue, its wrapper said done; 4 is pending again: Slurm requeued it
+            sjob("4", hold=HoldKind.NONE, restarts=1),
+        ]
+    )
+    Reconciler(backend, store, partitions=(), jobs_root=tmp_path, clock=lambda: 100.0).settle(backend.snapshot())
+    reasons = {s.job_id: s.end_reason for s in store.slices()}
+    assert reasons == {"1": SliceEnd.DONE, "2": SliceEnd.CANCELLED, "3": SliceEnd.DONE, "4": SliceEnd.REQUEUED}
+    assert store.slices(job_ids=["1"])[0].end == 50.0
+    assert [store.get_job(j).state for j in "1234"] == [
+        JobState.DONE,
+        JobState.CANCELLED,
+        JobState.DONE,
+        JobState.SUSPENDED,
+    ]
+    assert ("hold", "4") in backend.calls  # a requeued job must not start on Slurm's own
+
+
+def test_running_job_without_slice_is_adopted(store: Store, tmp_path: Path) -> None:
+    rec(store, "1", JobState.QUEUED)
+    backend = FakeBackend([sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n2": (1, 2)}, start=40.0)])
+    Reconciler(backend, store, partitions=(), jobs_root=tmp_path, clock=lambda: 100.0).settle(backend.snapshot())
+    cur = store.current_slice("1")
+    assert cur is not None and cur.placement == pl("n2", 1, 2) and cur.start == 40.0
+    assert store.get_job("1").state is JobState.RUNNING
+
+
+def test_recover_finishes_a_half_done_suspend(store: Store, tmp_path: Path) -> None:
+    rec(store, "1", JobState.RUNNING)
+    store.open_slice("1", pl("n1", 0), 10.0)
+    did = store.record_intent("1", Action.SUSPEND, None, "quantum", 20.0)
+    # crashed after the signal: the wrapper requeue-held itself (a user hold)
+    backend = FakeBackend([sjob("1", hold=HoldKind.USER, restarts=1)])
+    proto = FakeProtocol(backend)
+    r = Reconciler(backend, store, partitions=(), jobs_root=tmp_path, clock=lambda: 30.0)
+    r.recover(backend.snapshot(), proto)
+    assert proto.calls == [("suspend", "1", None)]
+    assert store.get_decision(did).outcome is Outcome.SUCCEEDED
+    assert store.slices(job_ids=["1"])[0].end_reason is SliceEnd.QUANTUM
+    assert store.open_intents() == ()
+
+
+def test_recover_finishes_a_resume_or_rolls_back_when_gpus_are_taken(store: Store, tmp_path: Path) -> None:
+    rec(store, "1")
+    rec(store, "2")
+    d1 = store.record_intent("1", Action.START, pl("n1", 0), "", 20.0)
+    d2 = store.record_intent("2", Action.START, pl("n2", 0), "", 20.0)
+    backend = FakeBackend(
+        [
+            sjob("1"),  # crashed before release: finish it
+            sjob("2", hold=HoldKind.NONE),  # released, but its GPU went to another job meanwhile
+            sjob("9", "RUNNING", hold=HoldKind.NONE, gpus={"n2": (0,)}, comment=""),
+        ]
+    )
+    proto = FakeProtocol(backend)
+    Reconciler(backend, store, partitions=(), jobs_root=tmp_path, clock=lambda: 30.0).recover(backend.snapshot(), proto)
+    assert store.get_decision(d1).outcome is Outcome.SUCCEEDED
+    assert store.current_slice("1").placement == pl("n1", 0)
+    assert store.get_decision(d2).outcome is Outcome.ROLLED_BACK
+    assert ("hold", "2") in backend.calls and store.current_slice("2") is None
+    assert [c[:2] for c in proto.calls] == [("resume", "1")]
+
+
+def test_recover_abandons_decisions_of_vanished_jobs(store: Store, tmp_path: Path) -> None:
+    rec(store, "1")
+    did = store.record_intent("1", Action.START, pl("n1", 0), "", 20.0)
+    backend = FakeBackend([])
+    Reconciler(backend, store, partitions=(), jobs_root=tmp_path, clock=lambda: 30.0).recover(
+        backend.snapshot(), FakeProtocol(backend)
+    )
+    assert store.get_decision(did).outcome is Outcome.ABANDONED
+
+
+def test_recover_waits_for_a_job_signalled_before_the_crash(store: Store, tmp_path: Path) -> None:
+    from slurm_gandiva.requeue.protocol import Step
+
+    rec(store, "1", JobState.RUNNING)
+    store.open_slice("1", pl("n1", 0), 10.0)
+    did = store.record_intent("1", Action.SUSPEND, None, "quantum", 20.0)
+    store.record_step(did, Step.SIGNAL, 21.0, 21.1, "SIGUSR2 to the batch shell")
+    backend = FakeBackend([sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (0,)})])
+    polls: list[str] = []
+
+    def job(jid: str):  # the wrapper requeue-holds itself on the third look
+        polls.append(jid)
+        if len(polls) == 3:
+            backend.set(sjob("1", hold=HoldKind.USER, restarts=1))
+        return backend.jobs_by_id[jid]
+
+    backend.job = job  # type: ignore[method-assign]
+    proto = FakeProtocol(backend)
+    seen_phase: list[str] = []
+    proto.on_call = lambda op, jid: seen_phase.append(backend.jobs_by_id[jid].state)
+    r = Reconciler(backend, store, partitions=(), jobs_root=tmp_path, clock=time.time, sleep=lambda _s: None)
+    found = r.recover(backend.snapshot(), proto)
+    assert seen_phase == ["PENDING"], "the protocol ran (and would re-signal) before the job stopped"
+    assert "awaited-signal" in {f.kind for f in found}
+    assert store.get_decision(did).outcome is Outcome.SUCCEEDED
+
+
+def test_signal_seen_in_the_wrappers_events_file(store: Store, tmp_path: Path) -> None:
+    import json
+
+    rec(store, "1", JobState.RUNNING, state_dir=str(tmp_path / "1"))
+    (tmp_path / "1").mkdir()
+    did = store.record_intent("1", Action.MIGRATE, pl("n2", 0), "", 20.0)
+    r = Reconciler(FakeBackend([]), store, partitions=(), jobs_root=tmp_path, clock=time.time)
+    d = store.get_decision(did)
+    assert not r._signalled(d)
+    (tmp_path / "1" / "events.jsonl").write_text(json.dumps({"event": "signal", "time": 10.0}) + "\n")
+    assert not r._signalled(d)  # an older signal (an earlier suspend) does not count
+    with open(tmp_path / "1" / "events.jsonl", "a") as f:
+        f.write(json.dumps({"event": "signal", "time": 25.0}) + "\n")
+    assert r._signalled(d)

@@ -1,0 +1,235 @@
+"""The Controller loop with a fake Slurm and protocol: tick, isolation, plan checks, stop, reload."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+from controller_fakes import FakeBackend, FakeProtocol, sjob
+
+from slurm_gandiva.controller.config import parse_config
+from slurm_gandiva.controller.service import Controller
+from slurm_gandiva.model import ClusterView, GpuRef, Placement, Topology
+from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.store import SliceEnd, Store
+
+TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
+
+
+class Toy:
+    """Starts waiting jobs on free GPUs of one node; suspends jobs whose slice is older than `quantum`."""
+
+    name = "toy"
+
+    def __init__(self, quantum: float = 1e9) -> None:
+        self.quantum = quantum
+        self.fail = False
+        self.override: Plan | None = None
+
+    def decide(self, view: ClusterView, now: float) -> Plan:
+        if self.fail:
+            raise RuntimeError("policy bug")
+        if self.override is not None:
+            return self.override
+        free = {n.name: [g for g in view.free_gpus() if g.node == n.name] for n in view.topology.nodes}
+        targets: dict[str, Placement | None] = {}
+        for j in view.running:
+            if j.slice_start is not None and now - j.slice_start >= self.quantum and view.waiting:
+                targets[j.job_id] = None
+                assert j.placement is not None
+                for g in j.placement.gpus:
+                    free[g.node].append(g)
+        for j in view.waiting:
+            for gpus in free.values():
+                if len(gpus) >= j.spec.min_gpus:
+                    targets[j.job_id] = Placement(tuple(gpus[: j.spec.min_gpus]))
+                    del gpus[: j.spec.min_gpus]
+                    break
+        return Plan.from_targets(view, targets)
+
+
+def make(
+    tmp_path: Path, jobs: list, policy: Toy | None = None, conf: str = ""
+) -> tuple[Controller, FakeBackend, Store]:
+    backend = FakeBackend(jobs)
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    cfg = parse_config(f"state_dir = {tmp_path}\ntick = 0.2\nquantum = 1\nintrospect = 0.5\n{conf}")
+    ctl = Controller(
+        cfg,
+        backend,
+        store,
+        policy=policy or Toy(),
+        protocol=FakeProtocol(backend),
+        topology=TOPO,
+        progress_reader=lambda _p: None,
+    )
+    return ctl, backend, store
+
+
+def old(jid: str, gpus: str = "gres:gpu:1") -> object:
+    return sjob(jid, submit=time.time() - 600, tres=gpus)  # past the spec grace: plain sbatch jobs
+
+
+def test_tick_registers_and_starts_jobs(tmp_path: Path) -> None:
+    ctl, _backend, store = make(tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")])
+    rep = ctl.tick()
+    assert not rep.error
+    started = {r.decision.job_id: r.decision.placement for r in rep.results if r.ok}
+    assert set(started) == {"1", "2"}  # 2 + 4 GPUs on two 4-GPU nodes; job 3 waits
+    assert len(store.slices()) == 2
+    rep2 = ctl.tick()
+    assert rep2.results == ()  # nothing changed, nothing to do
+    assert {j.job_id: j.state.value for j in rep2.view.jobs} == {"1": "running", "2": "running", "3": "queued"}
+
+
+def test_time_slicing_rotates_and_keeps_history(tmp_path: Path) -> None:
+    ctl, _backend, store = make(
+        tmp_path, [old("1", "gres:gpu:4"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], policy=Toy(quantum=0.3)
+    )
+    ctl.tick()
+    time.sleep(0.35)
+    rep = ctl.tick()
+    acts = sorted((r.decision.action.value, r.decision.job_id) for r in rep.results)
+    assert ("start", "3") in acts and any(a == "suspend" for a, _ in acts)
+    reasons = [s.end_reason for s in store.slices() if s.end is not None]
+    assert reasons and all(r is SliceEnd.QUANTUM for r in reasons)
+
+
+def test_failing_policy_is_isolated(tmp_path: Path) -> None:
+    pol = Toy()
+    ctl, _b, _store = make(tmp_path, [old("1")], policy=pol)
+    pol.fail = True
+    rep = ctl.tick()
+    assert "policy bug" in rep.error
+    pol.fail = False
+    assert [r.ok for r in ctl.tick().results] == [True]
+
+
+def test_double_booking_plan_is_refused(tmp_path: Path) -> None:
+    pol = Toy()
+    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)
+    ctl.reconcile()
+    g = Placement((GpuRef("n1", 0),))
+    pol.override = Plan((Decision(Action.START, "1", g), Decision(Action.START, "2", g)))
+    rep = ctl.tick()
+    assert rep.error.startswith("bad plan") and rep.results == ()
+    assert store.slices() == () and backend.calls.count(("release", "1")) == 0
+    assert [e.kind for e in store.events(kinds=["bad-plan"])] == ["bad-plan"]
+
+
+def test_run_forever_ticks_until_stopped(tmp_path: Path) -> None:
+    ctl, _b, store = make(tmp_path, [old("1"), old("2")])
+    out: list[int] = []
+    t = threading.Thread(target=lambda: out.append(ctl.run_forever(metrics=False)))
+    t.start()
+    deadline = time.time() + 10
+    while time.time() < deadline and len(store.slices()) < 2:
+        time.sleep(0.05)
+    ctl.stop()
+    t.join(timeout=10)
+    assert out == [0] and not t.is_alive()
+    assert len(store.slices()) == 2
+    kinds = [e.kind for e in store.events()]
+    assert "controller-start" in kinds and kinds[-1] == "controller-stop"
+
+
+def test_sigterm_stops_and_sighup_requests_reload(tmp_path: Path) -> None:
+    ctl, _b, _s = make(tmp_path, [])
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        ctl.install_signal_handlers()
+        signal.raise_signal(signal.SIGHUP)
+        assert ctl._reload.is_set() and not ctl.stopping
+        signal.raise_signal(signal.SIGTERM)
+        assert ctl.stopping
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def test_reload_keeps_old_config_when_new_one_is_bad(tmp_path: Path) -> None:
+    ctl, _b, store = make(tmp_path, [])
+    f = tmp_path / "gandiva.conf"
+    f.write_text("quantum = -1\n")
+    ctl.config_path = f
+    assert ctl.reload() is False
+    assert ctl.config.quantum == 1
+    [e] = store.events(kinds=["config-reload-refused"])
+    assert "gandiva.conf:1: quantum must be a positive number of seconds" in e.detail
+
+
+def test_metrics_follow_the_loop(tmp_path: Path) -> None:
+    ctl, _b, _s = make(tmp_path, [old("1"), old("2")])
+    ctl.tick()
+    text = ctl.metrics.exposition().decode()
+    assert 'gandiva_jobs{state="running"} 2.0' in text
+    assert "gandiva_slices_started_total 2.0" in text
+    assert 'gandiva_decisions_total{action="start",outcome="succeeded"} 2.0' in text
+
+
+def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
+    from dataclasses import dataclass
+
+    from slurm_gandiva.controller.service import spare_finishing
+    from slurm_gandiva.model import Job, JobSpec, JobState
+
+    @dataclass(frozen=True)
+    class P:
+        samples: int
+        total_samples: int | None
+        samples_per_s: float = 1.0
+        world_size: int = 1
+        updated: float = 0.0
+        state: str = "running"
+
+    g0, g1 = Placement((GpuRef("n1", 0),)), Placement((GpuRef("n1", 1),))
+    jobs = (
+        Job(JobSpec("1", "a", 1, 1, 0.0), JobState.RUNNING, g0),
+        Job(JobSpec("2", "a", 1, 1, 0.0), JobState.RUNNING, g1),
+        Job(JobSpec("3", "a", 1, 1, 0.0)),
+        Job(JobSpec("4", "a", 1, 1, 0.0)),
+    )
+    view = ClusterView(TOPO, jobs, 0.0)
+    plan = Plan((Decision(Action.SUSPEND, "1"), Decision(Action.SUSPEND, "2"),
+                 Decision(Action.START, "3", g0), Decision(Action.START, "4", g1)))
+    out = spare_finishing(plan, view, {"1": P(960, 960), "2": P(100, 960)})
+    assert [(d.action, d.job_id) for d in out.decisions] == [(Action.SUSPEND, "2"), (Action.START, "4")]
+    assert spare_finishing(plan, view, {"1": P(5, None, state="done")}).for_job("3") is None
+    assert spare_finishing(plan, view, {}) is plan
+
+
+def test_a_failed_move_is_not_retried_for_a_quantum(tmp_path: Path) -> None:
+    clock = [1000.0]
+    backend = FakeBackend([sjob("1", submit=0.0)], clock=lambda: clock[0])
+    proto = FakeProtocol(backend, fail=frozenset({"1"}))
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    cfg = parse_config(f"state_dir = {tmp_path}\ntick = 1\nquantum = 30\n")
+    ctl = Controller(cfg, backend, store, lambda: clock[0], policy=Toy(), protocol=proto, topology=TOPO,
+                     progress_reader=lambda _p: None)
+    ctl.tick()
+    assert len(proto.calls) == 1
+    clock[0] += 10
+    ctl.tick()
+    assert len(proto.calls) == 1  # backing off
+    clock[0] += 25
+    proto.fail.clear()
+    assert [r.ok for r in ctl.tick().results] == [True]
+
+
+def test_metrics_endpoint_serves_prometheus_text(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctl, _b, _s = make(tmp_path, [old("1")], conf=f"metrics_port = {port}\n")
+    ctl._start_metrics()
+    try:
+        ctl.tick()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert "gandiva_queue_length" in body and 'gandiva_jobs{state="running"} 1.0' in body
+    finally:
+        ctl._metrics_server.stop()
