@@ -1,0 +1,1 @@
+"""A real local Slurm cluster (slurmctld + one slurmd per fake node) for development and tests."""

@@ -1,0 +1,255 @@
+"""SlurmBackend over the Slurm CLI (sbatch, squeue/sinfo --json, scontrol, scancel): any Slurm >= 21.08."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from slurm_gandiva.errors import (
+    InvalidRequest,
+    PermissionDenied,
+    SlurmError,
+    SlurmUnreachable,
+    UnknownJob,
+)
+from slurm_gandiva.slurm import parse
+from slurm_gandiva.slurm.base import SlurmJob, SlurmNode, Snapshot, SubmitRequest
+
+_UNREACHABLE = (
+    "unable to contact slurm controller",
+    "unable to establish slurm connection",
+    "socket timed out",
+    "connection refused",
+    "zero bytes were transmitted",
+    "communication connection failure",
+    "slurm_receive_msg",
+    "could not establish a configuration source",
+    "can't open config file",
+    "unable to process configuration file",
+    "munge",
+    "unexpected message received",  # scontrol hold/release/update when slurmctld is down (22.05)
+)
+_UNKNOWN_JOB = ("invalid job id", "invalid job_id", "job not found")
+_DENIED = (
+    "access/permission denied",
+    "permission denied",
+    "unspecified error",
+    "not authorized",
+    "user not authorized",
+    "managed by the gandiva controller",
+)
+_ALREADY_DONE = ("already completing or completed", "job is already finished")
+_FIELD = re.compile(r"[A-Za-z][A-Za-z_]*")
+
+
+def _classify(what: str, stderr: str, rc: int) -> SlurmError:
+    msg = " ".join(stderr.strip().split()) or f"exit status {rc}"
+    low = msg.lower()
+    if any(s in low for s in _UNKNOWN_JOB):
+        return UnknownJob(f"{what}: {msg}: check the job id with `squeue` (finished jobs vanish after MinJobAge)")
+    if any(s in low for s in _DENIED):
+        return PermissionDenied(f"{what}: {msg}: only the job's owner, root or the gandiva controller may do this")
+    if any(s in low for s in _UNREACHABLE):
+        return SlurmUnreachable(f"{what}: {msg}: is slurmctld running? try `gandiva devcluster status`")
+    return InvalidRequest(f"{what}: Slurm refused the request ({msg})")
+
+
+class CliBackend:
+    """Talks to Slurm through its commands, run as argv lists with a timeout.
+
+    `env` is added to the caller's environment for every command (typically SLURM_CONF).
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.env = dict(env or {})
+        self.timeout = timeout
+        self._clock = clock
+
+    # ----- plumbing -----
+    def _run(
+        self,
+        argv: Sequence[str],
+        what: str,
+        *,
+        stdin: str | None = None,
+        as_user: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> str:
+        full = list(argv)
+        if as_user is not None:
+            try:
+                target_uid = pwd.getpwnam(as_user).pw_uid
+            except KeyError:
+                raise InvalidRequest(f"{what}: no such user {as_user!r}: create it or pick another") from None
+            if target_uid != os.geteuid():
+                if os.geteuid() != 0:
+                    raise PermissionDenied(f"{what}: only root can act as user {as_user}: run as root")
+                full = ["runuser", "-u", as_user, "--", *full]
+        env = {**os.environ, **self.env, **(extra_env or {})}
+        try:
+            proc = subprocess.run(
+                full, input=stdin, env=env, capture_output=True, text=True, timeout=self.timeout, check=False
+            )
+        except FileNotFoundError:
+            raise SlurmUnreachable(
+                f"{what}: {full[0]} not found: install the Slurm client (bash scripts/setup.sh)"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise SlurmUnreachable(
+                f"{what}: no answer within {self.timeout:g}s: is slurmctld running? try `gandiva devcluster status`"
+            ) from None
+        if proc.returncode != 0:
+            raise _classify(what, proc.stderr or proc.stdout, proc.returncode)
+        return proc.stdout
+
+    # ----- queries -----
+    def jobs(self) -> tuple[SlurmJob, ...]:
+        """Every job slurmctld knows (22.05's squeue --json ignores filters anyway)."""
+        out = self._run(["squeue", "--json"], "squeue")
+        try:
+            return parse.parse_squeue(parse.load_json(out, "squeue"))
+        except parse.SlurmQueryError as exc:
+            raise SlurmUnreachable(f"{exc}: is slurmctld running? try `gandiva devcluster status`") from None
+        except parse.ParseError as exc:
+            raise SlurmError(f"{exc}: report this with your Slurm version (`squeue --version`)") from None
+
+    def nodes(self) -> tuple[SlurmNode, ...]:
+        out = self._run(["sinfo", "--json"], "sinfo")
+        try:
+            return parse.parse_sinfo(parse.load_json(out, "sinfo"))
+        except parse.SlurmQueryError as exc:
+            raise SlurmUnreachable(f"{exc}: is slurmctld running? try `gandiva devcluster status`") from None
+        except parse.ParseError as exc:
+            raise SlurmError(f"{exc}: report this with your Slurm version (`sinfo --version`)") from None
+
+    def snapshot(self) -> Snapshot:
+        jobs = self.jobs()
+        nodes = self.nodes()
+        return Snapshot(jobs=jobs, nodes=nodes, taken_at=self._clock())
+
+    def job(self, job_id: str) -> SlurmJob:
+        job_id = _job_id(job_id)
+        for j in self.jobs():
+            if j.job_id == job_id:
+                return j
+        raise UnknownJob(f"job {job_id} not found: check the id with `squeue` (finished jobs vanish after MinJobAge)")
+
+    # ----- actions -----
+    def submit(self, req: SubmitRequest) -> str:
+        argv = ["sbatch", "--parsable", "--requeue", "--open-mode=append", *req.options]
+        out = self._run(argv, "sbatch", stdin=req.script, as_user=req.as_user, extra_env=req.env)
+        first = out.strip().splitlines()[-1] if out.strip() else ""
+        job_id = first.split(";", 1)[0].strip()
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch printed {out.strip()!r}, not a job id: check the sbatch options")
+        return job_id
+
+    def signal(self, job_id: str, signal_name: str, *, batch_only: bool = True) -> None:
+        sig = signal_name.strip().upper().removeprefix("SIG")
+        if not re.fullmatch(r"[A-Z0-9]+", sig):
+            raise InvalidRequest(f"bad signal name {signal_name!r}: use a name like USR2")
+        scope = "--batch" if batch_only else "--full"
+        self._run(["scancel", f"--signal={sig}", scope, _job_id(job_id)], f"signal {sig} to job {job_id}")
+
+    def requeue_hold(self, job_id: str) -> None:
+        self._run(["scontrol", "requeuehold", _job_id(job_id)], f"requeuehold job {job_id}")
+
+    def hold(self, job_id: str) -> None:
+        self._run(["scontrol", "hold", _job_id(job_id)], f"hold job {job_id}")
+
+    def release(self, job_id: str) -> None:
+        self._run(["scontrol", "release", _job_id(job_id)], f"release job {job_id}")
+
+    def update(self, job_id: str, **fields: str) -> None:
+        """scontrol update jobid=JOB k=v ...; a `gres=` change goes through `_set_gres` (see there)."""
+        if not fields:
+            return
+        jid = _job_id(job_id)
+        args = []
+        gres: str | None = None
+        for key, value in fields.items():
+            if not _FIELD.fullmatch(key) or key.lower() in ("jobid", "tresspernode", "trespernode"):
+                raise InvalidRequest(f"bad job field {key!r} for scontrol update (set GPUs with gres=...)")
+            if any(c.isspace() for c in str(value)) or not str(value):
+                raise InvalidRequest(f"bad value {value!r} for {key}: no whitespace, not empty")
+            if key.lower() == "gres":
+                gres = str(value)
+            else:
+                args.append(f"{key}={value}")
+        if gres is not None:
+            self._set_gres(jid, gres)
+        if args:
+            self._run(["scontrol", "update", f"jobid={jid}", *args], f"update job {jid}")
+
+    def _set_gres(self, jid: str, gres: str) -> None:
+        """Replace a pending job's gres with exactly `gres` (e.g. "gpu:g0:1,gpu:g2:1").
+
+        Slurm 22.05 MERGES a gres update into the job's earlier typed gres (gpu:g1 then gpu:g2,gpu:g3
+        runs on g1,g2,g3). For whole GPUs, clearing TresPerNode first makes the update a replacement.
+        Clearing a job's shards instead crashes slurmctld when it schedules the job (divide error:
+        "job_spec lacks GRES counter"), and Slurm refuses to switch a job between gpu and shard. So:
+        a job without gres may get anything; gpu -> gpu is cleared and replaced; shards may only be
+        kept or added to; anything else is refused here, before Slurm is touched.
+        """
+        new = parse.gres_request(gres)
+        if not new:
+            raise InvalidRequest(f"bad gres {gres!r}: use e.g. gpu:g0:1,gpu:g2:1 or shard:g1:1")
+        job = self.job(jid)
+        if not job.pending:
+            raise InvalidRequest(f"job {jid} is {job.state}: hold it (held requeue) before changing its GPUs")
+        old = parse.gres_request(job.tres_per_node)
+        if old == new:
+            return
+        what = f"set gres of job {jid}"
+        old_kinds = {k for k, _ in old}
+        new_kinds = {k for k, _ in new}
+        if old and old_kinds != new_kinds:
+            raise InvalidRequest(
+                f"{what}: Slurm cannot switch a job between whole GPUs and shards ({job.tres_per_node} -> {gres}); "
+                "submit managed jobs without --gres so their first placement can be either"
+            )
+        if "shard" in old_kinds and not old <= new:
+            raise InvalidRequest(
+                f"{what}: Slurm 22.05 cannot take shards away from a job ({job.tres_per_node} -> {gres}): "
+                "clearing them crashes slurmctld; keep the job's shards or only add to them"
+            )
+        if old and "shard" not in old_kinds:
+            self._run(["scontrol", "update", f"jobid={jid}", "TresPerNode="], f"{what} (clear)")
+        try:
+            self._run(["scontrol", "update", f"jobid={jid}", f"gres={gres}"], what)
+        except SlurmError:
+            if old and "shard" not in old_kinds:
+                # Never leave a cleared job behind: released like that it would run without GPUs.
+                restore = ",".join(f"{k}:{t}:{n}" for k, t, n in parse.gres_items(job.tres_per_node))
+                with contextlib.suppress(SlurmError):
+                    self._run(["scontrol", "update", f"jobid={jid}", f"gres={restore}"], f"{what} (restore)")
+            raise
+        now = parse.gres_request(self.job(jid).tres_per_node)
+        if now != new:
+            raise SlurmError(f"{what}: Slurm kept {sorted(now)} instead of {sorted(new)}: do not release the job")
+
+    def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
+        """scancel JOB; a job that already finished counts as cancelled."""
+        try:
+            self._run(["scancel", _job_id(job_id)], f"cancel job {job_id}", as_user=as_user)
+        except InvalidRequest as exc:
+            if not any(s in str(exc).lower() for s in _ALREADY_DONE):
+                raise
+
+
+def _job_id(job_id: str) -> str:
+    jid = str(job_id).strip()
+    if not re.fullmatch(r"\d+(_\d+)?", jid):
+        raise InvalidRequest(f"bad job id {job_id!r}: a job id is a number like 1234")
+    return jid

@@ -1,0 +1,368 @@
+"""Slurm's JSON (squeue --json, sinfo --json) and gres strings, parsed into the project's own types.
+
+The one place that knows Slurm's field names. Tolerates the data_parser versions v0.0.38 (22.05) to
+v0.0.45: job_state as a string or a list, numbers as plain ints or {"set", "infinite", "number"}
+objects, exit codes as raw wait statuses or {"status", "return_code", "signal"} objects, and sinfo's
+flat "nodes" list (<= 23.02) or grouped "sinfo" list (>= 23.11).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode
+
+_BASE_JOB_STATES = (
+    "PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "COMPLETED", "CANCELLED", "FAILED",
+    "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REQUEUED", "RESIZING",
+    "REVOKED", "SIGNALING", "STAGE_OUT",
+)
+_ADMIN_HOLD_REASONS = ("JobHeldAdmin",)
+_USER_HOLD_REASONS = ("JobHeldUser", "job_requeued_in_held_state", "RequeueHold")
+
+
+class ParseError(ValueError):
+    """Slurm printed something this module cannot read."""
+
+
+def load_json(text: str, what: str) -> dict[str, Any]:
+    """json.loads with a ParseError naming the command on failure."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"{what} printed invalid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ParseError(f"{what} printed JSON that is not an object")
+    return doc
+
+
+def number(value: Any, default: int = 0) -> int:
+    """An int from a plain number or a {"set": bool, "infinite": bool, "number": N} object."""
+    if value is None or isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    if isinstance(value, Mapping):
+        if value.get("set") is False or value.get("infinite") is True:
+            return default
+        return number(value.get("number"), default)
+    return default
+
+
+def text(value: Any) -> str:
+    """A string field; None -> ""; lists are comma-joined (newer versions list some string fields)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return ",".join(text(v) for v in value)
+    return str(value)
+
+
+def states(value: Any) -> list[str]:
+    """A state field as a list of upper-case words: "mixed" / ["MIXED", "DRAIN"] / "IDLE+DRAIN"."""
+    if isinstance(value, list):
+        return [str(v).upper() for v in value]
+    if isinstance(value, str):
+        return [s for s in re.split(r"[+ ,]", value.upper()) if s]
+    return []
+
+
+def expand_hostlist(expr: str) -> tuple[str, ...]:
+    """"n[1-3,5],gpu7" -> ("n1", "n2", "n3", "n5", "gpu7"). Keeps leading zeros ("n[01-02]")."""
+    out: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", expr or ""):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not m:
+            out.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for rng in ranges.split(","):
+            if "-" in rng:
+                lo, hi = rng.split("-", 1)
+                width = len(lo) if lo.startswith("0") else 0
+                out += [f"{prefix}{str(i).zfill(width)}" + suffix for i in range(int(lo), int(hi) + 1)]
+            elif rng:
+                out.append(f"{prefix}{rng}{suffix}")
+    return tuple(out)
+
+
+def parse_index_spec(spec: str) -> tuple[int, ...]:
+    """"0-1,3" -> (0, 1, 3); "" / "N/A" -> ()."""
+    spec = spec.strip()
+    if not spec or spec.upper() == "N/A":
+        return ()
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out += range(int(lo), int(hi) + 1)
+        else:
+            out.append(int(part))
+    return tuple(sorted(set(out)))
+
+
+_GRES_ITEM = re.compile(
+    r"(?:gres/|gres:)?(?P<name>[A-Za-z_]+)"
+    r"(?::(?P<type>\(null\)|[^:(,]+))?"
+    r"(?::(?P<count>\d+))?"
+    r"(?:\((?P<detail>[^)]*)\))?"
+)
+
+
+def parse_gres_detail(detail: str) -> dict[str, tuple[int, ...]]:
+    """One node's gres_detail, e.g. "gpu:g1:1(IDX:1),shard:g2:1(IDX:2)" -> {"gpu": (1,), "shard": (2,)}.
+
+    Where IDX is missing but the type is one of ours ("gK"), the type gives the index (count > 0 only).
+    """
+    out: dict[str, set[int]] = {}
+    for item in _split_top(detail):
+        m = _GRES_ITEM.fullmatch(item.strip())
+        if not m:
+            continue
+        name, typ, count_s, inner = m.group("name"), m.group("type"), m.group("count"), m.group("detail")
+        if typ is not None and count_s is None and typ.isdigit():
+            typ, count_s = None, typ  # "gpu:2(IDX:0-1)": the second field is the count
+        count = int(count_s) if count_s is not None else 1
+        idx: tuple[int, ...] = ()
+        if inner:
+            im = re.search(r"IDX:([^)]*)", inner)
+            if im:
+                try:
+                    idx = parse_index_spec(im.group(1))
+                except ValueError:
+                    idx = ()
+        if not idx and count > 0 and typ and re.fullmatch(r"g\d+", typ):
+            idx = (int(typ[1:]),)
+        if count == 0:
+            idx = ()
+        if idx:
+            out.setdefault(name, set()).update(idx)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def gres_items(spec: str) -> list[tuple[str, str, int]]:
+    """A gres request ("gres:gpu:g1:1,gres/shard:g2:1" or "gpu:g1:1") -> [(name, type, count)];
+    untyped items have type ""."""
+    out: list[tuple[str, str, int]] = []
+    for item in _split_top(spec or ""):
+        m = _GRES_ITEM.fullmatch(item.strip())
+        if not m:
+            continue
+        typ, count_s = m.group("type"), m.group("count")
+        if typ is not None and count_s is None and typ.isdigit():
+            typ, count_s = None, typ
+        out.append((m.group("name"), "" if typ in (None, "(null)") else typ, int(count_s or 1)))
+    return out
+
+
+def gres_request(spec: str) -> frozenset[tuple[str, str]]:
+    """The (name, type) pairs a gres request asks for with a count > 0."""
+    return frozenset((n, t) for n, t, c in gres_items(spec) if c > 0)
+
+
+def _split_top(s: str) -> list[str]:
+    """Split on commas outside parentheses ("gpu:2(IDX:0,2),shard:..." keeps IDX:0,2 together)."""
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in s:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if cur:
+        parts.append("".join(cur))
+    return [p for p in parts if p.strip()]
+
+
+def _exit_code(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        if "return_code" in value or "signal" in value:
+            sig = value.get("signal")
+            sig_id = number(sig.get("id"), 0) if isinstance(sig, Mapping) else 0
+            if sig_id:
+                return 128 + sig_id
+            return number(value.get("return_code"), 0)
+        if value.get("set") is False:
+            return None
+        return _exit_code(value.get("number"))
+    raw = number(value, 0)
+    # 22.05 reports the raw wait status: exit code in the high byte, signal in the low bits.
+    if raw & 0x7F:
+        return 128 + (raw & 0x7F)
+    return (raw >> 8) & 0xFF
+
+
+def _comment(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return text(value.get("job"))
+    return text(value)
+
+
+def _base_state(value: Any) -> str:
+    words = states(value)
+    for w in words:
+        if w in _BASE_JOB_STATES:
+            return w
+    return words[0] if words else "UNKNOWN"
+
+
+def hold_kind(state: str, reason: str, priority: int) -> HoldKind:
+    """Admin hold (only root may release), user hold (the owner may), or none; pending jobs only."""
+    if state != "PENDING":
+        return HoldKind.NONE
+    if reason in _ADMIN_HOLD_REASONS:
+        return HoldKind.ADMIN
+    if reason in _USER_HOLD_REASONS or priority == 0:
+        return HoldKind.USER
+    return HoldKind.NONE
+
+
+def parse_job(raw: Mapping[str, Any]) -> SlurmJob:
+    """One job object of squeue --json."""
+    state = _base_state(raw.get("job_state"))
+    reason = text(raw.get("state_reason")) or "None"
+    priority = number(raw.get("priority"), -1)
+    nodes = expand_hostlist(text(raw.get("nodes")))
+    if not nodes:
+        nodes = expand_hostlist(text(raw.get("required_nodes")))
+    alloc_nodes = expand_hostlist(text(raw.get("nodes")))
+    gpus: dict[str, tuple[int, ...]] = {}
+    shards: dict[str, tuple[int, ...]] = {}
+    details = raw.get("gres_detail") or []
+    if isinstance(details, str):
+        details = [details]
+    for i, det in enumerate(details):
+        if i >= len(alloc_nodes):
+            break
+        parsed = parse_gres_detail(text(det))
+        if parsed.get("gpu"):
+            gpus[alloc_nodes[i]] = parsed["gpu"]
+        if parsed.get("shard"):
+            shards[alloc_nodes[i]] = parsed["shard"]
+    return SlurmJob(
+        job_id=str(number(raw.get("job_id"), 0)),
+        name=text(raw.get("name")),
+        user=text(raw.get("user_name") or raw.get("user")),
+        state=state,
+        reason=reason,
+        hold=hold_kind(state, reason, priority),
+        nodes=nodes,
+        gpus=gpus,
+        shards=shards,
+        restart_count=number(raw.get("restart_cnt"), 0),
+        comment=_comment(raw.get("comment")),
+        partition=text(raw.get("partition")),
+        submit_time=float(number(raw.get("submit_time"), 0)),
+        start_time=float(number(raw.get("start_time"), 0)),
+        end_time=float(number(raw.get("end_time"), 0)),
+        exit_code=_exit_code(raw.get("exit_code")) if state not in ("PENDING", "RUNNING") else None,
+        tres_per_node=text(raw.get("tres_per_node")),
+        work_dir=text(raw.get("current_working_directory")),
+        std_out=text(raw.get("standard_output")),
+    )
+
+
+def parse_squeue(doc: Mapping[str, Any]) -> tuple[SlurmJob, ...]:
+    """squeue --json -> jobs (array/het job members are listed as Slurm lists them)."""
+    _raise_errors(doc, "squeue")
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, list):
+        raise ParseError("squeue --json has no 'jobs' list")
+    return tuple(parse_job(j) for j in jobs if isinstance(j, Mapping))
+
+
+def _node(raw: Mapping[str, Any]) -> SlurmNode:
+    st = states(raw.get("state")) + [f for f in states(raw.get("state_flags")) if f]
+    seen: list[str] = []
+    for s in st:
+        if s not in seen:
+            seen.append(s)
+    return SlurmNode(
+        name=text(raw.get("name")),
+        state="+".join(seen) or "UNKNOWN",
+        partitions=tuple(text(p) for p in raw.get("partitions") or ()),
+        gres=text(raw.get("gres")),
+        gres_used=text(raw.get("gres_used")),
+        cpus=number(raw.get("cpus"), 0),
+        sockets=number(raw.get("sockets"), 0),
+    )
+
+
+def _grouped_nodes(groups: Iterable[Any]) -> list[SlurmNode]:
+    """sinfo >= 23.11: one entry per (partition, state, ...) group listing its node names."""
+    out: dict[str, SlurmNode] = {}
+    for g in groups:
+        if not isinstance(g, Mapping):
+            continue
+        names = (g.get("nodes") or {}).get("nodes") or []
+        part = text((g.get("partition") or {}).get("name"))
+        node = g.get("node") or {}
+        gres = g.get("gres") or {}
+        cpus = g.get("cpus") or {}
+        sockets = g.get("sockets") or {}
+        for name in names:
+            prev = out.get(name)
+            parts = tuple(dict.fromkeys((*(prev.partitions if prev else ()), *((part,) if part else ()))))
+            out[name] = SlurmNode(
+                name=text(name),
+                state="+".join(states(node.get("state"))) or "UNKNOWN",
+                partitions=parts,
+                gres=text(gres.get("total")),
+                gres_used=text(gres.get("used")),
+                cpus=number(cpus.get("maximum", cpus.get("total")), 0),
+                sockets=number(sockets.get("maximum"), 0),
+            )
+    return list(out.values())
+
+
+def parse_sinfo(doc: Mapping[str, Any]) -> tuple[SlurmNode, ...]:
+    """sinfo --json -> nodes, sorted by name."""
+    _raise_errors(doc, "sinfo")
+    if isinstance(doc.get("nodes"), list):
+        nodes = [_node(n) for n in doc["nodes"] if isinstance(n, Mapping)]
+    elif isinstance(doc.get("sinfo"), list):
+        nodes = _grouped_nodes(doc["sinfo"])
+    else:
+        raise ParseError("sinfo --json has neither 'nodes' nor 'sinfo'")
+    return tuple(sorted(nodes, key=lambda n: n.name))
+
+
+class SlurmQueryError(ParseError):
+    """squeue/sinfo --json exited 0 but reported errors instead of data (22.05 does this when it
+    cannot reach slurmctld: an empty job list that must never be taken for "no jobs")."""
+
+
+def _raise_errors(doc: Mapping[str, Any], what: str) -> None:
+    msgs = []
+    for e in doc.get("errors") or []:
+        if isinstance(e, Mapping):
+            parts = [text(e.get(k)) for k in ("description", "error", "source") if e.get(k)]
+            msgs.append(" / ".join(parts))
+        else:
+            msgs.append(text(e))
+    msgs = [m for m in msgs if m]
+    if msgs:
+        raise SlurmQueryError(f"{what} --json reported: {'; '.join(msgs)}")

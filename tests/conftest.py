@@ -1,0 +1,86 @@
+"""Suite-wide fixtures: the real local Slurm cluster (session), a backend bound to it, a non-root user.
+
+Environment:
+  GANDIVA_TEST_STATE_DIR   state dir of the session cluster (kept running afterwards); else a temp dir
+                           (stopped and removed at the end of the session)
+  GANDIVA_TEST_PORT_BASE   port base (slurmctld = base+17, slurmd = base+101..); default 16800
+A cluster that cannot start FAILS the tests that need it; it is never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `from helpers import ...`
+
+from helpers import TEST_USER, ensure_user
+
+from slurm_gandiva.devcluster.cluster import DevCluster
+from slurm_gandiva.slurm import make_backend
+from slurm_gandiva.slurm.base import SlurmBackend
+
+SLURM_FIXTURES = {"slurm_cluster", "slurm", "slurm_env"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use the real cluster get the `slurm` marker (select with -m slurm / -m 'not slurm')."""
+    for item in items:
+        if SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slurm)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that needs the real cluster must never skip: its skip is turned into a failure."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.skipped and item.get_closest_marker("slurm") is not None and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid}: a real-Slurm test was skipped ({report.longrepr}); it must run"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[DevCluster]:
+    """A running DevCluster (2 nodes x 4 GPUs) shared by the whole session. Fails if it cannot start."""
+    if os.geteuid() != 0:
+        pytest.fail("the Slurm integration tests need root (slurmd launches jobs as their users)")
+    env_dir = os.environ.get("GANDIVA_TEST_STATE_DIR")
+    state_dir = Path(env_dir) if env_dir else Path(tempfile.mkdtemp(prefix="gandiva-test-"))
+    port_base = int(os.environ.get("GANDIVA_TEST_PORT_BASE", "16800"))
+    cluster = DevCluster(state_dir, port_base=port_base)
+    try:
+        cluster.up()
+    except Exception as exc:
+        pytest.fail(f"the local Slurm cluster did not start: {exc}")
+    yield cluster
+    if not env_dir:
+        cluster.down()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_env(slurm_cluster: DevCluster) -> dict[str, str]:
+    """os.environ plus the session cluster's SLURM_CONF (for subprocesses)."""
+    return {**os.environ, **slurm_cluster.env}
+
+
+@pytest.fixture(scope="session")
+def slurm(slurm_cluster: DevCluster) -> SlurmBackend:
+    """The CLI SlurmBackend bound to the session cluster."""
+    return make_backend(slurm_cluster.env)
+
+
+@pytest.fixture(scope="session")
+def test_user() -> str:
+    """A non-root user (gandiva-test), created if missing."""
+    try:
+        return ensure_user(TEST_USER)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))

@@ -1,0 +1,196 @@
+"""The CLI SlurmBackend against the real daemons: exact GPUs, shards, holds, the requeue cycle, errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from helpers import run_as, wait_for
+
+from slurm_gandiva.devcluster.cluster import DevCluster
+from slurm_gandiva.errors import InvalidRequest, PermissionDenied, SlurmUnreachable, UnknownJob
+from slurm_gandiva.model import GpuRef, Placement
+from slurm_gandiva.requeue.contract import JOB_MARK
+from slurm_gandiva.slurm import make_backend, placement_gres
+from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SubmitRequest
+from slurm_gandiva.slurm.cli_backend import _classify
+
+pytestmark = pytest.mark.slurm
+
+SHOW_ENV = """#!/bin/bash
+echo "start restart=${SLURM_RESTART_COUNT:-0} cvd=${CUDA_VISIBLE_DEVICES:-} node=$SLURMD_NODENAME"
+sleep ${SLEEP:-60}
+"""
+
+
+def submit(slurm: SlurmBackend, job_dir: Path, cleanup: list[str], *opts: str, script: str = SHOW_ENV,
+           as_user: str | None = None, env: dict[str, str] | None = None) -> str:
+    jid = slurm.submit(SubmitRequest(
+        script, options=[f"--chdir={job_dir}", "-o", f"{job_dir}/%j.out", *opts], as_user=as_user, env=env,
+    ))
+    cleanup.append(jid)
+    return jid
+
+
+def read(path: Path) -> str:
+    """The file's text, "" while it does not exist yet."""
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def running(slurm: SlurmBackend, jid: str) -> SlurmJob | None:
+    j = slurm.job(jid)
+    return j if j.running else None
+
+
+def test_exact_gpus_are_enforced_and_reported(slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]) -> None:
+    a = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g1:1,gpu:g3:1", "-w", "n1")
+    job = wait_for(lambda: running(slurm, a), what="job a running")
+    assert dict(job.gpus) == {"n1": (1, 3)}
+    assert job.nodes == ("n1",) and job.shards == {}
+    assert "--requeue" not in job.tres_per_node  # sanity: gres only
+    out = wait_for(lambda: "cvd=" in (t := read(job_dir / f"{a}.out")) and t, what="job output")
+    assert "cvd=1,3 node=n1" in out
+    # Slurm enforces exclusivity: another job that wants g1 on n1 waits.
+    b = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g1:1", "-w", "n1")
+    waiting = wait_for(lambda: (j := slurm.job(b)).reason == "Resources" and j, what="job b waiting")
+    assert waiting.pending and waiting.hold is HoldKind.NONE and waiting.gpus == {}
+    snap = slurm.snapshot()
+    assert {j.job_id for j in snap.jobs} >= {a, b}
+    assert [n.name for n in snap.nodes] == ["n1", "n2"] and all(n.up for n in snap.nodes)
+    assert "gpu:g3:1" in snap.nodes[0].gres and snap.nodes[0].cpus == 8
+
+
+def test_shards_pack_two_jobs_on_one_gpu(slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]) -> None:
+    ids = [submit(slurm, job_dir, cleanup_jobs, "--gres=shard:g2:1", "-w", "n2") for _ in range(3)]
+    first = [wait_for(lambda j=j: running(slurm, j), what=f"shard job {j}") for j in ids[:2]]
+    assert all(dict(j.shards) == {"n2": (2,)} and j.gpus == {} for j in first)
+    third = wait_for(lambda: (j := slurm.job(ids[2])).reason == "Resources" and j, what="third shard job waits")
+    assert third.pending
+
+
+def test_marked_user_job_is_held_and_only_root_releases_it(
+    slurm: SlurmBackend, slurm_env: dict[str, str], job_dir: Path, cleanup_jobs: list[str], test_user: str
+) -> None:
+    jid = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g0:1", "-w", "n2", f"--comment={JOB_MARK}",
+                 as_user=test_user)
+    job = slurm.job(jid)
+    assert job.user == test_user and job.comment == JOB_MARK
+    assert job.pending and job.hold is HoldKind.USER  # job_submit.lua set priority 0
+    for argv in (["scontrol", "release", jid], ["scontrol", "update", f"jobid={jid}", "gres=gpu:g1:1"]):
+        res = run_as(test_user, argv, slurm_env)
+        assert res.returncode != 0, argv
+        assert isinstance(_classify("x", res.stderr, res.returncode), PermissionDenied), res.stderr
+    assert slurm.job(jid).hold is HoldKind.USER and slurm.job(jid).tres_per_node.endswith("gpu:g0:1")
+    slurm.hold(jid)
+    assert slurm.job(jid).hold is HoldKind.ADMIN
+    slurm.release(jid)
+    started = wait_for(lambda: running(slurm, jid), what="root-released job running")
+    assert dict(started.gpus) == {"n2": (0,)}
+    # The owner may still cancel it.
+    assert run_as(test_user, ["scancel", jid], slurm_env).returncode == 0
+    wait_for(lambda: slurm.job(jid).state == "CANCELLED", what="cancelled")
+
+
+REQUEUE_SELF = """#!/bin/bash
+echo "start restart=${SLURM_RESTART_COUNT:-0} cvd=${CUDA_VISIBLE_DEVICES:-} node=$SLURMD_NODENAME"
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then
+  trap 'echo got USR2; scontrol requeuehold $SLURM_JOB_ID; echo "requeuehold rc=$?"' USR2
+  sleep 60 & wait
+  sleep 30
+fi
+sleep 4  # long enough for the test to see the second run RUNNING
+echo finished
+"""
+
+
+def test_requeue_cycle_moves_a_user_job_to_other_gpus(
+    slurm: SlurmBackend, slurm_env: dict[str, str], job_dir: Path, cleanup_jobs: list[str], test_user: str
+) -> None:
+    """signal -> the job's own requeuehold (as its user) -> admin hold -> new node/GPUs -> release."""
+    jid = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g1:1", "-w", "n1", f"--comment={JOB_MARK}",
+                 script=REQUEUE_SELF, as_user=test_user, env={"SLURM_CONF": slurm_env["SLURM_CONF"]})
+    slurm.hold(jid)
+    slurm.release(jid)
+    wait_for(lambda: running(slurm, jid), what="first start")
+    out = job_dir / f"{jid}.out"
+    wait_for(lambda: "start restart=0" in read(out), what="job script started")
+    slurm.signal(jid, "USR2")
+    held = wait_for(lambda: (j := slurm.job(jid)).pending and j.restart_count == 1 and j, timeout=30,
+                    what="held requeue")
+    # Only the job itself (as its non-root user) asked for this requeue: the user may requeue-hold.
+    assert held.hold is HoldKind.USER and "got USR2" in read(out)
+    slurm.hold(jid)
+    assert slurm.job(jid).hold is HoldKind.ADMIN
+    nodelist, gres = placement_gres(Placement((GpuRef("n2", 3), GpuRef("n2", 2))))
+    slurm.update(jid, nodelist=nodelist, gres=gres)
+    slurm.update(jid, starttime="now")
+    slurm.release(jid)
+    moved = wait_for(lambda: running(slurm, jid), what="job running again")
+    assert moved.nodes == ("n2",) and dict(moved.gpus) == {"n2": (2, 3)} and moved.restart_count == 1
+    wait_for(lambda: "finished" in read(out), timeout=30, what="second run finished")
+    assert "start restart=1 cvd=2,3 node=n2" in out.read_text()
+    done = wait_for(lambda: (j := slurm.job(jid)).finished and j, what="completed")
+    assert done.state == "COMPLETED" and done.exit_code == 0
+
+
+def test_gres_updates_replace_whole_gpus_and_refuse_what_slurm_gets_wrong(
+    slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]
+) -> None:
+    """22.05 merges typed gres updates (g1 -> g2,g3 would run on g1,g2,g3): the backend replaces them."""
+    whole = submit(slurm, job_dir, cleanup_jobs, "--hold", "--gres=gpu:g1:1", "-w", "n1")
+    slurm.update(whole, gres="gpu:g0:1,gpu:g2:1")
+    assert slurm.job(whole).tres_per_node.endswith("gpu:g0:1,gres:gpu:g2:1")
+    with pytest.raises(InvalidRequest, match="between whole GPUs and shards"):
+        slurm.update(whole, gres="shard:g0:1")
+    bare = submit(slurm, job_dir, cleanup_jobs, "--hold", "-w", "n1")
+    slurm.update(bare, gres="shard:g1:1")  # no gres yet: a first placement may be shards
+    with pytest.raises(InvalidRequest, match="cannot take shards away"):
+        slurm.update(bare, gres="shard:g3:1")
+    slurm.update(bare, gres="shard:g1:1,shard:g3:1")  # adding is fine
+    untyped = submit(slurm, job_dir, cleanup_jobs, "--hold", "--gres=gpu:2", "-w", "n2")
+    slurm.update(untyped, gres="gpu:g1:1,gpu:g3:1")  # as submitted by users: gpu:N -> exact GPUs
+    for jid in (whole, bare, untyped):
+        slurm.release(jid)
+    got = wait_for(lambda: running(slurm, whole), what="moved job running")
+    assert dict(got.gpus) == {"n1": (0, 2)}
+    typed = wait_for(lambda: running(slurm, untyped), what="untyped job running")
+    assert dict(typed.gpus) == {"n2": (1, 3)}
+    packed = wait_for(lambda: running(slurm, bare), what="packed job running")
+    assert dict(packed.shards) == {"n1": (1, 3)} and packed.gpus == {}
+
+
+def test_errors_map_to_the_hierarchy(slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]) -> None:
+    with pytest.raises(UnknownJob):
+        slurm.job("999999")
+    with pytest.raises(UnknownJob):
+        slurm.hold("999999")
+    with pytest.raises(InvalidRequest):
+        slurm.update("1", **{"nodelist": "n1 n2"})
+    with pytest.raises(InvalidRequest):
+        slurm.submit(SubmitRequest(SHOW_ENV, options=["--gres=gpu:g9:1", f"--chdir={job_dir}"]))
+    with pytest.raises(InvalidRequest):
+        slurm.signal("1", "NOT A SIGNAL")
+    # Cancelling twice is fine (the second finds the job already finished).
+    jid = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g0:1")
+    slurm.cancel(jid)
+    wait_for(lambda: slurm.job(jid).finished, what="cancelled")
+    slurm.cancel(jid)
+    assert slurm.job(jid).state == "CANCELLED"
+
+
+def test_stopped_slurmctld_is_unreachable(slurm_cluster: DevCluster, tmp_path: Path) -> None:
+    """On a throwaway cluster, so the session cluster stays up."""
+    base = int(os.environ.get("GANDIVA_TEST_PORT_BASE", "16800")) + 700
+    other = DevCluster(tmp_path / "gone", nodes=1, gpus_per_node=1, port_base=base)
+    other.up()
+    backend = make_backend(other.env, timeout=30)
+    assert [n.name for n in backend.nodes()] == ["n1"]
+    other.down()
+    # Each call retries for about 9 s before Slurm gives up, so only two: a query and an action.
+    for call in (backend.jobs, lambda: backend.hold("1")):
+        with pytest.raises(SlurmUnreachable, match="is slurmctld running"):
+            call()

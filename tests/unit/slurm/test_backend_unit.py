@@ -1,0 +1,223 @@
+"""CliBackend with fake Slurm commands on PATH: argv, stdin, error mapping, gres-update rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from slurm_gandiva.errors import InvalidRequest, PermissionDenied, SlurmError, SlurmUnreachable, UnknownJob
+from slurm_gandiva.model import GpuRef, Placement
+from slurm_gandiva.slurm import gres_string, make_backend, placement_gres
+from slurm_gandiva.slurm.base import SubmitRequest
+from slurm_gandiva.slurm.cli_backend import CliBackend, _classify
+
+FAKE = """#!/bin/sh
+# Records its argv and stdin; prints $FAKE_OUT_<cmd>, exits $FAKE_RC_<cmd>.
+name=$(basename "$0")
+echo "$name $*" >> "$FAKE_LOG"
+if [ "$name" = sbatch ]; then cat > "$FAKE_LOG.stdin"; fi
+if [ -n "${FAKE_FAIL_MATCH:-}" ] && echo "$*" | grep -q -- "$FAKE_FAIL_MATCH"; then
+  echo "Invalid generic resource (gres) specification for job 7" >&2; exit 1
+fi
+eval out=\\"\\${FAKE_OUT_$name:-}\\"
+eval err=\\"\\${FAKE_ERR_$name:-}\\"
+eval rc=\\"\\${FAKE_RC_$name:-0}\\"
+[ -n "$out" ] && printf '%s' "$out"
+[ -n "$err" ] && printf '%s\\n' "$err" >&2
+exit $rc
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for cmd in ("sbatch", "squeue", "sinfo", "scontrol", "scancel"):
+        p = bin_dir / cmd
+        p.write_text(FAKE)
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "log"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    return log
+
+
+def calls(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def squeue_json(*jobs: dict[str, object]) -> str:
+    return json.dumps({"jobs": list(jobs), "errors": []})
+
+
+def test_submit_always_requeue_append_and_script_on_stdin(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_OUT_sbatch", "42;cluster\n")
+    b = make_backend({"SLURM_CONF": "/x/slurm.conf"})
+    jid = b.submit(SubmitRequest("#!/bin/sh\necho hi\n", options=["--gres=gpu:g0:1", "-J", "a b"]))
+    assert jid == "42"
+    assert calls(fake) == ["sbatch --parsable --requeue --open-mode=append --gres=gpu:g0:1 -J a b"]
+    assert Path(str(fake) + ".stdin").read_text() == "#!/bin/sh\necho hi\n"
+
+
+def test_submit_garbage_output_is_an_error(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_OUT_sbatch", "Submitted batch job\n")
+    with pytest.raises(SlurmError, match="not a job id"):
+        make_backend().submit(SubmitRequest("#!/bin/sh\n"))
+
+
+def test_actions_argv(fake: Path) -> None:
+    b = CliBackend()
+    b.signal("7", "SIGUSR2")
+    b.signal("7", "TERM", batch_only=False)
+    b.requeue_hold("7")
+    b.hold("7")
+    b.release("7")
+    b.update("7", nodelist="n2", starttime="now")
+    b.cancel("7")
+    assert calls(fake) == [
+        "scancel --signal=USR2 --batch 7",
+        "scancel --signal=TERM --full 7",
+        "scontrol requeuehold 7",
+        "scontrol hold 7",
+        "scontrol release 7",
+        "scontrol update jobid=7 nodelist=n2 starttime=now",
+        "scancel 7",
+    ]
+
+
+@pytest.mark.parametrize("bad", ["7; rm -rf /", "-1", "", "7 8"])
+def test_bad_job_ids_never_reach_slurm(fake: Path, bad: str) -> None:
+    with pytest.raises(InvalidRequest):
+        CliBackend().hold(bad)
+    assert calls(fake) == []
+
+
+def test_bad_update_fields(fake: Path) -> None:
+    b = CliBackend()
+    for fields in ({"jobid": "8"}, {"nodelist": "n1 n2"}, {"bad-key": "x"}, {"TresPerNode": ""}):
+        with pytest.raises(InvalidRequest):
+            b.update("7", **fields)
+    assert calls(fake) == []
+
+
+@pytest.mark.parametrize(
+    ("stderr", "exc"),
+    [
+        ("scancel: error: Kill job error on job id 99: Invalid job id specified", UnknownJob),
+        ("Access/permission denied for job 10", PermissionDenied),
+        ("Unspecified error for job 9", PermissionDenied),
+        ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+         SlurmUnreachable),
+        ("Unexpected message received for job 5", SlurmUnreachable),
+        ("sbatch: error: Invalid generic resource (gres) specification", InvalidRequest),
+    ],
+)
+def test_stderr_maps_to_the_hierarchy(stderr: str, exc: type[SlurmError]) -> None:
+    err = _classify("op", stderr, 1)
+    assert type(err) is exc
+    assert "\n" not in str(err)
+
+
+def test_unreachable_message_says_what_to_do(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_ERR_scontrol", "Unexpected message received for job 5")
+    monkeypatch.setenv("FAKE_RC_scontrol", "1")
+    with pytest.raises(SlurmUnreachable, match="gandiva devcluster status"):
+        CliBackend().release("5")
+
+
+def test_squeue_errors_with_exit_0_are_unreachable(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_OUT_squeue", json.dumps(
+        {"errors": [{"description": "Failed while looking for jobs", "source": "slurm_load_jobs"}], "jobs": []}))
+    with pytest.raises(SlurmUnreachable, match="is slurmctld running"):
+        CliBackend().jobs()
+
+
+def test_missing_command_is_unreachable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SlurmUnreachable, match="not found"):
+        CliBackend().jobs()
+
+
+def test_cancel_of_a_finished_job_is_fine(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "FAKE_ERR_scancel", "scancel: error: Kill job error on job id 5: Job/step already completing or completed"
+    )
+    monkeypatch.setenv("FAKE_RC_scancel", "1")
+    CliBackend().cancel("5")
+
+
+def test_job_lookup(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_OUT_squeue", squeue_json({"job_id": 3, "job_state": "RUNNING"}))
+    assert CliBackend().job("3").running
+    with pytest.raises(UnknownJob):
+        CliBackend().job("4")
+
+
+def pending(tres: str) -> str:
+    return squeue_json({"job_id": 7, "job_state": "PENDING", "state_reason": "JobHeldAdmin", "tres_per_node": tres})
+
+
+def test_gpu_gres_change_clears_first(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fake squeue always reports the new gres afterwards only if we point it there; report the target.
+    monkeypatch.setenv("FAKE_OUT_squeue", pending("gres:gpu:g1:1"))
+    b = CliBackend()
+    with pytest.raises(SlurmError, match="do not release"):  # the fake still says g1 afterwards
+        b.update("7", gres="gpu:g2:1,gpu:g3:1")
+    assert [c for c in calls(fake) if c.startswith("scontrol")] == [
+        "scontrol update jobid=7 TresPerNode=",
+        "scontrol update jobid=7 gres=gpu:g2:1,gpu:g3:1",
+    ]
+
+
+def test_gres_change_to_the_same_gres_is_a_no_op(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_OUT_squeue", pending("gres:gpu:g2:1,gres:gpu:g3:1"))
+    CliBackend().update("7", gres="gpu:g3:1,gpu:g2:1")
+    assert not [c for c in calls(fake) if c.startswith("scontrol")]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "match"),
+    [
+        ("gres:gpu:g1:1", "shard:g1:1", "between whole GPUs and shards"),
+        ("gres:shard:g1:1", "gpu:g1:1", "between whole GPUs and shards"),
+        ("gres:shard:g1:1", "shard:g2:1", "cannot take shards away"),
+    ],
+)
+def test_gres_changes_slurm_gets_wrong_are_refused(
+    fake: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str, match: str
+) -> None:
+    monkeypatch.setenv("FAKE_OUT_squeue", pending(old))
+    with pytest.raises(InvalidRequest, match=match):
+        CliBackend().update("7", gres=new)
+    assert not [c for c in calls(fake) if c.startswith("scontrol")]
+
+
+def test_gres_change_needs_a_pending_job(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_OUT_squeue", squeue_json({"job_id": 7, "job_state": "RUNNING", "tres_per_node": ""}))
+    with pytest.raises(InvalidRequest, match="hold it"):
+        CliBackend().update("7", gres="gpu:g0:1")
+
+
+def test_failed_gres_set_restores_the_old_gres(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_OUT_squeue", pending("gres:gpu:g1:1,gres:gpu:g3:1"))
+    monkeypatch.setenv("FAKE_FAIL_MATCH", "gres=gpu:g9")
+    with pytest.raises(InvalidRequest, match="Invalid generic resource"):
+        CliBackend().update("7", gres="gpu:g9:1")
+    assert [c for c in calls(fake) if c.startswith("scontrol")] == [
+        "scontrol update jobid=7 TresPerNode=",
+        "scontrol update jobid=7 gres=gpu:g9:1",
+        "scontrol update jobid=7 gres=gpu:g1:1,gpu:g3:1",
+    ]
+
+
+def test_gres_strings() -> None:
+    assert gres_string((2, 0)) == "gpu:g0:1,gpu:g2:1"
+    assert gres_string([1], shared=True) == "shard:g1:1"
+    assert placement_gres(Placement((GpuRef("n2", 3), GpuRef("n2", 1)))) == ("n2", "gpu:g1:1,gpu:g3:1")
+    assert placement_gres(Placement((GpuRef("n1", 0), GpuRef("n2", 0)), shared=True)) == ("n1,n2", "shard:g0:1")
+    with pytest.raises(Exception, match="different GPU indices"):
+        placement_gres(Placement((GpuRef("n1", 0), GpuRef("n2", 1))))
