@@ -268,6 +268,7 @@ class Job:
     rates: RateTable = field(default_factory=RateTable)
     trial: Trial | None = None
     measured_rate: float | None = None  # latest measurement at the current placement
+    failed_trials: frozenset[TrialKind] = frozenset()  # kinds of trial reverted on this job (not retried)
 
     @property
     def job_id(self) -> str:

@@ -132,8 +132,12 @@ def _action_for(job: Job, target: Placement | None) -> Action | None:
 
 def apply_decision(job: Job, d: Decision, now: float) -> Job:
     """The job after decision `d` took effect at `now` (the bookkeeping both live and simulated use)."""
+    failed = job.failed_trials
+    if d.revert and job.trial is not None:
+        failed = failed | {job.trial.kind}
     if d.action is Action.SUSPEND:
         return job.evolve(
+            failed_trials=failed,
             state=JobState.SUSPENDED,
             placement=None,
             slice_start=None,
@@ -156,4 +160,5 @@ def apply_decision(job: Job, d: Decision, now: float) -> Job:
         times_scheduled=job.times_scheduled + (1 if starts_slice else 0),
         trial=trial,
         measured_rate=None,
+        failed_trials=failed,
     )

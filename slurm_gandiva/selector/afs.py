@@ -1,0 +1,186 @@
+"""AFS-L and AFS-P elastic allocation (Hwang et al., NSDI'21), as restated in DESIGN.md.
+
+Notation: T_j(k) is job j's throughput on k GPUs, R_j(k) its remaining time on k GPUs.
+- When the jobs' minimum demands cover the GPUs, jobs get their minimum in priority order (AFS-L: least
+  R_j(min) first; AFS-P: least often scheduled, then earliest first start, then arrival) and the rest wait.
+- Otherwise every job gets its minimum and each spare GPU goes to the winner of the pairwise rule: of two
+  jobs, l (shorter remaining time) beats h iff T_l(a_l+1)/T_l(a_l) + T_h(a_h)/T_h(a_h+1) > 2. AFS-P,
+  having no remaining-time estimate, lets a job win only if it would win as either l or h, and breaks
+  the other ties by a seeded per-job random rank.
+The winners are kept in a heap ordered by that rule, so a round costs O(J log J + S log J) for S spare
+GPUs, never J x S. Jobs whose next GPU brings no speed-up are not handed one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from slurm_gandiva.model import ClusterView, Job, JobState
+from slurm_gandiva.plan import Plan
+from slurm_gandiva.selector.common import Memo, Speeds, active_jobs, capacity, clamp, slice_age
+from slurm_gandiva.selector.placement import realize
+
+_MIN_GAIN = 1.0 + 1e-6  # a GPU that speeds a job up by less than this stays spare
+
+
+def tie_rank(seed: int, job_id: str) -> int:
+    """A per-job random rank, stable across processes for one seed."""
+    return zlib.crc32(f"{seed}:{job_id}".encode())
+
+
+class _Entry:
+    """A job that can take one more GPU: its allocation, remaining time and gain at that allocation."""
+
+    __slots__ = ("alloc", "g", "job", "pessimistic", "r", "rank")
+
+    def __init__(self, job: Job, alloc: int, speeds: Speeds, pessimistic: bool, rank: int) -> None:
+        self.job = job
+        self.alloc = alloc
+        self.r = speeds.remaining(job, alloc)
+        self.g = speeds.gain(job, alloc)
+        self.pessimistic = pessimistic
+        self.rank = rank
+
+    def __lt__(self, other: _Entry) -> bool:
+        """True when self wins the spare GPU against other (heapq pops the winner first)."""
+        if self.pessimistic:
+            as_l = self.g + 1.0 / other.g > 2.0  # self wins if it is the shorter one
+            as_h = not other.g + 1.0 / self.g > 2.0  # self wins if other is the shorter one
+            if as_l == as_h:
+                return as_l  # the same answer whichever is shorter
+            return self.rank < other.rank
+        if (self.r, self.rank) < (other.r, other.rank):
+            return self.g + 1.0 / other.g > 2.0
+        return not other.g + 1.0 / self.g > 2.0
+
+
+def afs_counts(
+    jobs: Sequence[Job],
+    cap: int,
+    speeds: Speeds,
+    *,
+    pessimistic: bool,
+    seed: int = 0,
+    floors: dict[str, int] | None = None,
+    priority: Sequence[Job] | None = None,
+    frozen: frozenset[str] = frozenset(),
+) -> dict[str, int]:
+    """GPU counts by the AFS rule for `jobs` on `cap` GPUs.
+
+    `floors` are counts some jobs must keep (pinned slices, AFS-P leases); `priority` is the order in
+    which jobs get their minimum when the GPUs do not cover every job (default: AFS-L's least remaining
+    time on the minimum, or AFS-P's least-scheduled order when `pessimistic`); `frozen` jobs are not
+    handed spare GPUs (their count stays put for now).
+    """
+    floors = floors or {}
+    counts: dict[str, int] = {}
+    free = cap
+    for job_id, f in floors.items():
+        if 0 < f <= free:
+            counts[job_id] = f
+            free -= f
+    demand = sum(j.spec.min_gpus for j in jobs if j.job_id not in counts)
+    if demand >= free:
+        if priority is None:
+            priority = sorted(jobs, key=afsp_key if pessimistic else _afsl_key(speeds))
+        for j in priority:
+            if j.job_id in counts:
+                continue
+            k = j.spec.min_gpus
+            if k <= free:
+                counts[j.job_id] = k
+                free -= k
+        return counts
+    for j in jobs:
+        if j.job_id not in counts:
+            counts[j.job_id] = j.spec.min_gpus
+            free -= j.spec.min_gpus
+    heap = [
+        _Entry(j, counts[j.job_id], speeds, pessimistic, tie_rank(seed, j.job_id))
+        for j in jobs
+        if counts[j.job_id] < j.spec.max_gpus and j.job_id not in frozen
+    ]
+    heap = [e for e in heap if e.g > _MIN_GAIN]
+    heapq.heapify(heap)
+    while free > 0 and heap:
+        e = heapq.heappop(heap)
+        e.alloc += 1
+        free -= 1
+        counts[e.job.job_id] = e.alloc
+        if e.alloc < e.job.spec.max_gpus:
+            nxt = _Entry(e.job, e.alloc, speeds, pessimistic, e.rank)
+            if nxt.g > _MIN_GAIN:
+                heapq.heappush(heap, nxt)
+    return counts
+
+
+def _afsl_key(speeds: Speeds) -> Callable[[Job], tuple[float, float, float, str]]:
+    def key(j: Job) -> tuple[float, float, float, str]:
+        return (speeds.remaining(j, j.spec.min_gpus), j.attained_service, j.spec.submit_time, j.job_id)
+
+    return key
+
+
+def afsp_key(j: Job) -> tuple[int, float, float, str]:
+    """AFS-P's order: least often scheduled, then earliest first start, then arrival."""
+    first = j.first_start if j.first_start is not None else math.inf
+    return (j.times_scheduled, first, j.spec.submit_time, j.job_id)
+
+
+@dataclass(frozen=True)
+class AfsL:
+    """AFS-L: elastic allocation with remaining-time estimates (see module doc).
+
+    `min_slice` keeps a job that just started at its count for that long (0: the paper's behaviour).
+    """
+
+    min_slice: float = 0.0
+    seed: int = 0
+    name: str = "afs-l"
+    quantum: float | None = None
+    elastic: ClassVar[bool] = True
+    memo: Memo = field(default_factory=Memo, init=False, repr=False, compare=False)
+
+    def decide(self, view: ClusterView, now: float) -> Plan:
+        jobs = active_jobs(view)
+        speeds = Speeds(self.memo)
+        floors = {
+            j.job_id: clamp(j, j.gpus)
+            for j in jobs
+            if j.state is JobState.RUNNING and self.min_slice > 0 and slice_age(j, now) < self.min_slice
+        }
+        counts = afs_counts(jobs, capacity(view), speeds, pessimistic=False, seed=self.seed, floors=floors)
+        order = sorted(jobs, key=_afsl_key(speeds))
+        targets, _ = realize(view, order, counts, elastic_fallback=True, reason="afs-l", memo=self.memo)
+        return targets.plan(view)
+
+
+@dataclass(frozen=True)
+class AfsP:
+    """AFS-P: no remaining-time estimate; running jobs hold a lease (`lease` seconds from their slice's
+    start) during which they keep their GPUs; ties of the pairwise rule are broken by a seeded rank."""
+
+    lease: float = 7200.0
+    seed: int = 0
+    name: str = "afs-p"
+    quantum: float | None = 600.0
+    elastic: ClassVar[bool] = True
+    memo: Memo = field(default_factory=Memo, init=False, repr=False, compare=False)
+
+    def decide(self, view: ClusterView, now: float) -> Plan:
+        jobs = active_jobs(view)
+        speeds = Speeds(self.memo)
+        floors = {
+            j.job_id: clamp(j, j.gpus)
+            for j in sorted(jobs, key=lambda j: (j.slice_start or 0.0, j.job_id))
+            if j.state is JobState.RUNNING and slice_age(j, now) < self.lease
+        }
+        counts = afs_counts(jobs, capacity(view), speeds, pessimistic=True, seed=self.seed, floors=floors)
+        order = sorted(jobs, key=afsp_key)
+        targets, _ = realize(view, order, counts, elastic_fallback=True, reason="afs-p", memo=self.memo)
+        return targets.plan(view)

@@ -1,0 +1,149 @@
+"""Small helpers every policy uses: the active jobs, capacity, memoised speeds, greedy filling."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
+
+from slurm_gandiva.model import ClusterView, Job, JobState, RateTable, Topology
+
+T = TypeVar("T")
+
+
+def active_jobs(view: ClusterView) -> list[Job]:
+    """Jobs that are not finished, in view order."""
+    return [j for j in view.jobs if not j.state.finished]
+
+
+def capacity(view: ClusterView) -> int:
+    """Whole GPUs on up nodes."""
+    return sum(len(n.gpus) for n in view.topology.nodes if n.up)
+
+
+def slice_age(job: Job, now: float) -> float:
+    """Seconds the job's current slice has run (0 for a job that is not running)."""
+    if job.state is not JobState.RUNNING or job.slice_start is None:
+        return 0.0
+    return max(0.0, now - job.slice_start)
+
+
+def wait_since(job: Job) -> float:
+    """When the job last began waiting: its last stop, else its submission."""
+    return job.last_run_end if job.last_run_end is not None else job.spec.submit_time
+
+
+def clamp(job: Job, k: int) -> int:
+    """k clamped into the job's GPU range."""
+    return max(job.spec.min_gpus, min(job.spec.max_gpus, k))
+
+
+class Memo:
+    """Answers of pure functions of frozen inputs, kept across rounds by a policy (a cache, not state).
+
+    Keyed by object identity; each entry holds its object, so an id cannot be reused while cached. The
+    cache is emptied when it grows past `limit` entries (live rate tables change at every measurement).
+    """
+
+    def __init__(self, limit: int = 65536) -> None:
+        self.limit = limit
+        self._rates: dict[tuple[int, int], tuple[RateTable, float]] = {}
+        self._topo: dict[int, tuple[Topology, object]] = {}
+
+    def throughput(self, rates: RateTable, k: int) -> float:
+        key = (id(rates), k)
+        hit = self._rates.get(key)
+        if hit is not None and hit[0] is rates:
+            return hit[1]
+        if len(self._rates) >= self.limit:
+            self._rates.clear()
+        val = rates.throughput(k)
+        self._rates[key] = (rates, val)
+        return val
+
+    def per_topology(self, topology: Topology, build: Callable[[Topology], T]) -> T:
+        """`build(topology)`, computed once per topology object (and per `build`)."""
+        key = id(topology) ^ id(build)
+        hit = self._topo.get(key)
+        if hit is not None and hit[0] is topology:
+            return hit[1]  # type: ignore[return-value]
+        if len(self._topo) >= 64:
+            self._topo.clear()
+        val = build(topology)
+        self._topo[key] = (topology, val)
+        return val
+
+
+class Speeds:
+    """Throughput and remaining-time look-ups for one decision round (over a policy's `Memo`)."""
+
+    def __init__(self, memo: Memo | None = None) -> None:
+        self._memo = memo if memo is not None else Memo()
+        self._remaining: dict[tuple[int, int], float] = {}  # (id(job), k): jobs live through the round
+
+    def throughput(self, job: Job, k: int) -> float:
+        return self._memo.throughput(job.rates, k)
+
+    def remaining(self, job: Job, k: int) -> float:
+        """Seconds to finish on k GPUs (inf when the remaining work or the speed is unknown)."""
+        key = (id(job), k)
+        hit = self._remaining.get(key)
+        if hit is None:
+            hit = self._remaining[key] = self._remaining_uncached(job, k)
+        return hit
+
+    def _remaining_uncached(self, job: Job, k: int) -> float:
+        rem = job.remaining_work
+        if rem is None or k <= 0:
+            return math.inf
+        rate = self.throughput(job, k)
+        return rem / rate if rate > 0 else math.inf
+
+    def gain(self, job: Job, k: int) -> float:
+        """T(k+1) / T(k): the relative speed-up of one more GPU."""
+        base = self.throughput(job, k)
+        return self.throughput(job, k + 1) / base if base > 0 else 1.0
+
+
+def fill(
+    order: Iterable[Job],
+    free: int,
+    need: Callable[[Job], int],
+    counts: dict[str, int] | None = None,
+) -> tuple[dict[str, int], int]:
+    """Give each job in `order` its `need` GPUs while they fit (smaller later jobs may still fit)."""
+    counts = {} if counts is None else counts
+    for job in order:
+        if job.job_id in counts:
+            continue
+        k = need(job)
+        if 0 < k <= free:
+            counts[job.job_id] = k
+            free -= k
+    return counts, free
+
+
+def pinned_counts(jobs: Sequence[Job], now: float, min_slice: float, cap: int) -> tuple[dict[str, int], int]:
+    """Running jobs whose slice is younger than `min_slice` keep their GPU count (oldest slices first)."""
+    counts: dict[str, int] = {}
+    if min_slice <= 0:
+        return counts, cap
+    young = [j for j in jobs if j.state is JobState.RUNNING and slice_age(j, now) < min_slice]
+    young.sort(key=lambda j: (j.slice_start or 0.0, j.job_id))
+    for j in young:
+        k = clamp(j, j.gpus)
+        if k <= cap:
+            counts[j.job_id] = k
+            cap -= k
+    return counts, cap
+
+
+def key_submit(job: Job) -> tuple[float, str]:
+    return (job.spec.submit_time, job.job_id)
+
+
+def merged(*maps: Mapping[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in maps:
+        out.update(m)
+    return out

@@ -1,0 +1,500 @@
+"""Gandiva: time-slicing plus introspective mode (packing, migration, grow-shrink), and the composed default.
+
+One round:
+1. judge concluded trials (a trial runs `trial_window` seconds, then its measured rate is compared with
+   the rate before it) and revert the failed ones;
+2. choose GPU counts: Gandiva time-slices by least attained service per GPU (longest waiting first on a
+   tie), the default allocates like AFS-L after giving never-run jobs a first slice; a running job whose
+   slice is younger than `min_slice` keeps its GPUs;
+3. place with affinity (placement.realize), then use leftover GPUs for whoever still waits;
+4. introspect: pack waiting 1-GPU jobs onto a GPU with a running 1-GPU job (shards), migrate badly
+   placed jobs to better locality, grow elastic jobs onto idle GPUs (Gandiva only), each a trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Locality, Placement, Topology, TrialKind
+from slurm_gandiva.plan import Plan
+from slurm_gandiva.selector.afs import afs_counts, tie_rank
+from slurm_gandiva.selector.common import Memo, Speeds, active_jobs, capacity, clamp, slice_age, wait_since
+from slurm_gandiva.selector.placement import GpuPool, Targets, realize
+
+
+@dataclass(frozen=True)
+class Introspection:
+    """Knobs of introspective mode.
+
+    `trial_window`: seconds a trial runs before it is judged. A packed job must keep `pack_keep` of its
+    rate alone (two jobs at more than half speed beat time-slicing). A grow must speed the job up by
+    `min_gain` per added GPU (and is tried only while one more GPU is expected to give that); a
+    migration must not slow it down. A job is migrated when the expected rate gain from better
+    locality is at least `locality_gain`; at most `max_moves` migrations start per round.
+    """
+
+    pack: bool = True
+    migrate: bool = True
+    grow: bool = True
+    trial_window: float = 120.0
+    pack_keep: float = 0.55
+    min_gain: float = 0.05
+    locality_gain: float = 0.10
+    max_moves: int = 4
+
+
+def _verdicts(
+    jobs: Sequence[Job], now: float, knobs: Introspection, speeds: Speeds
+) -> tuple[dict[str, Placement | None], set[str]]:
+    """Failed trials: the placement each reverted job goes back to (None: stop it) and the revert set."""
+    back: dict[str, Placement | None] = {}
+    sharers: dict[GpuRef, list[Job]] = {}
+    for j in jobs:
+        if j.state is JobState.RUNNING and j.placement is not None and j.placement.shared:
+            for g in j.placement.gpus:
+                sharers.setdefault(g, []).append(j)
+    for j in jobs:
+        t = j.trial
+        if t is None or j.state is not JobState.RUNNING or j.placement is None:
+            continue
+        if now - t.started < knobs.trial_window or j.measured_rate is None:
+            continue
+        rate = j.measured_rate
+        prev = t.previous
+        if prev is not None and not j.spec.min_gpus <= prev.count <= j.spec.max_gpus:
+            prev = None  # the job's range changed since: nothing sensible to go back to
+        if t.kind is TrialKind.PACK:
+            if not j.placement.shared:
+                continue
+            alone = t.baseline_rate if t.baseline_rate > 0 else speeds.throughput(j, j.gpus)
+            if rate >= knobs.pack_keep * alone:
+                continue
+            for g in j.placement.gpus:
+                for other in sharers.get(g, ()):
+                    op = other.trial.previous if other.trial is not None else None
+                    ok = op is not None and op.count == 1 and other.spec.min_gpus == 1
+                    back[other.job_id] = Placement(op.gpus) if ok and op is not None else None
+        elif t.kind is TrialKind.GROW:
+            if prev is None or j.gpus <= prev.count:
+                continue
+            base = t.baseline_rate if t.baseline_rate > 0 else speeds.throughput(j, prev.count)
+            if rate < base * (1.0 + knobs.min_gain * (j.gpus - prev.count)):
+                back[j.job_id] = prev
+        elif t.kind is TrialKind.MIGRATE:
+            if prev is None or prev.count != j.gpus:
+                continue
+            base = t.baseline_rate if t.baseline_rate > 0 else 0.0
+            if rate < 0.99 * base:
+                back[j.job_id] = prev
+    return back, set(back)
+
+
+def _las_counts(
+    jobs: Sequence[Job], now: float, cap: int, min_slice: float, seed: int, hysteresis: float
+) -> tuple[list[Job], dict[str, int]]:
+    """Gandiva time-slicing: pinned young slices, then least attained service per GPU first.
+
+    A running job counts `hysteresis` seconds less service, so a waiting job takes its GPUs only when
+    it is that far behind: slices last about two quanta instead of swapping everyone every round.
+    """
+    holders: dict[GpuRef, int] = {}
+    for j in jobs:
+        if j.state is JobState.RUNNING and j.placement is not None and j.placement.shared:
+            for g in j.placement.gpus:
+                holders[g] = holders.get(g, 0) + 1
+
+    def cost(j: Job, k: int) -> float:
+        if j.state is JobState.RUNNING and j.placement is not None and j.placement.shared and k == j.gpus:
+            return sum(1.0 / holders[g] for g in j.placement.gpus)
+        return float(k)
+
+    order = sorted(
+        jobs,
+        key=lambda j: (
+            j.attained_service / j.spec.min_gpus - (hysteresis if j.state is JobState.RUNNING else 0.0),
+            wait_since(j),
+            j.spec.submit_time,
+            tie_rank(seed, j.job_id),
+        ),
+    )
+    free = float(cap)
+    counts: dict[str, int] = {}
+    for j in order:
+        if j.state is JobState.RUNNING and slice_age(j, now) < min_slice:
+            k = clamp(j, j.gpus)
+            c = cost(j, k)
+            if c <= free + 1e-9:
+                counts[j.job_id] = k
+                free -= c
+    for j in order:
+        if j.job_id in counts:
+            continue
+        k = j.spec.min_gpus
+        c = cost(j, k) if j.gpus == k else float(k)
+        if c <= free + 1e-9:
+            counts[j.job_id] = k
+            free -= c
+    if len(counts) == len(jobs):  # nobody waits: grown jobs keep what they grew to
+        for j in order:
+            extra = clamp(j, j.gpus) - counts[j.job_id]
+            if j.state is JobState.RUNNING and 0 < extra <= free:
+                counts[j.job_id] += extra
+                free -= extra
+    return order, counts
+
+
+def _run_round(
+    view: ClusterView,
+    now: float,
+    jobs: Sequence[Job],
+    order: Sequence[Job],
+    counts: dict[str, int],
+    knobs: Introspection,
+    speeds: Speeds,
+    back: dict[str, Placement | None],
+    reverts: set[str],
+    min_slice: float,
+    reason: str,
+    memo: Memo,
+) -> Plan:
+    for job_id, p in back.items():
+        if p is None:
+            counts[job_id] = 0
+    fixed = {jid: p for jid, p in back.items() if p is not None and counts.get(jid, 0) > 0}
+    for jid, p in fixed.items():
+        counts[jid] = p.count
+    targets, pool = realize(view, order, counts, reason=reason, fixed=fixed, reverts=reverts, memo=memo)
+    final = {j.job_id: targets.placements.get(j.job_id, j.placement) for j in jobs}
+    waiting = [j for j in order if final[j.job_id] is None and j.state is not JobState.RUNNING]
+    waiting += [j for j in order if final[j.job_id] is None and j.state is JobState.RUNNING]
+    # Leftover GPUs (shared GPUs make the count arithmetic conservative) go to whoever still waits.
+    started: set[str] = set()
+    for j in waiting:
+        if not pool.free_count:
+            break
+        if j.job_id in back or pool.free_count < j.spec.min_gpus:
+            continue
+        p = pool.find(j, j.spec.min_gpus)
+        if p is not None and pool.book(p):
+            targets.set(j.job_id, p, reason)
+            final[j.job_id] = p
+            started.add(j.job_id)
+    waiting = [j for j in waiting if j.job_id not in started]
+    _unpack_lonely(jobs, final, targets, pool)
+    if knobs.pack and waiting:
+        _pack(order, waiting, final, targets, pool, back)
+    if knobs.migrate:
+        _migrate(view, jobs, final, targets, pool, knobs, now, min_slice)
+    if knobs.grow and not waiting and pool.free_count:
+        _grow(jobs, final, targets, pool, knobs, speeds, now, min_slice)
+    return targets.plan(view)
+
+
+def _unchanged(j: Job, targets: Targets) -> bool:
+    return j.state is JobState.RUNNING and j.placement is not None and j.job_id not in targets.placements
+
+
+def _unpack_lonely(jobs: Sequence[Job], final: dict[str, Placement | None], targets: Targets, pool: GpuPool) -> None:
+    """A job left alone on a shared GPU takes the whole GPU back."""
+    holders: dict[GpuRef, list[str]] = {}
+    for jid, p in final.items():
+        if p is not None and p.shared:
+            for g in p.gpus:
+                holders.setdefault(g, []).append(jid)
+    for j in jobs:
+        p = final[j.job_id]
+        if p is None or not p.shared or any(len(holders[g]) > 1 for g in p.gpus):
+            continue
+        whole = Placement(p.gpus)
+        pool.release(p)
+        if pool.book(whole):
+            targets.set(j.job_id, whole, "unpack: alone on its GPU")
+            final[j.job_id] = whole
+        else:
+            pool.book(p)
+
+
+def _pack(
+    order: Sequence[Job],
+    waiting: list[Job],
+    final: dict[str, Placement | None],
+    targets: Targets,
+    pool: GpuPool,
+    back: dict[str, Placement | None],
+) -> None:
+    """Waiting 1-GPU jobs share a GPU with a running 1-GPU job (or take a free shard), as PACK trials."""
+    slots = pool.shard_slots()
+    hosts = [
+        j
+        for j in order
+        if _unchanged(j, targets)
+        and pool.shard_cap(j.placement.gpus[0].node) >= 2  # type: ignore[union-attr]
+        and j.gpus == 1
+        and not j.placement.shared  # type: ignore[union-attr]
+        and j.trial is None
+        and TrialKind.PACK not in j.failed_trials
+        and j.spec.min_gpus == 1
+    ]
+    hosts.reverse()  # the lowest-priority running job first: it would be the next to lose its GPU
+    next_host = 0
+    packed: set[str] = set()
+    for j in waiting:
+        if j.spec.min_gpus != 1 or TrialKind.PACK in j.failed_trials or j.job_id in back:
+            continue
+        if j.state is JobState.RUNNING:
+            continue
+        if slots:
+            g = slots.pop()
+        elif next_host < len(hosts):
+            host = hosts[next_host]
+            next_host += 1
+            assert host.placement is not None
+            g = host.placement.gpus[0]
+            pool.release(host.placement)
+            shared = Placement((g,), shared=True)
+            pool.book(shared)
+            targets.set(host.job_id, shared, f"pack with {j.job_id}")
+            targets.trials[host.job_id] = TrialKind.PACK
+            final[host.job_id] = shared
+        else:
+            break
+        mine = Placement((g,), shared=True)
+        if pool.book(mine):
+            targets.set(j.job_id, mine, "pack: shares a GPU instead of waiting")
+            targets.trials[j.job_id] = TrialKind.PACK
+            final[j.job_id] = mine
+            packed.add(j.job_id)
+    waiting[:] = [j for j in waiting if j.job_id not in packed]
+
+
+def _migrate(
+    view: ClusterView,
+    jobs: Sequence[Job],
+    final: dict[str, Placement | None],
+    targets: Targets,
+    pool: GpuPool,
+    knobs: Introspection,
+    now: float,
+    min_slice: float,
+) -> None:
+    """Move settled multi-GPU jobs to clearly better locality, as MIGRATE trials."""
+    topo = view.topology
+    limits = pool.memo.per_topology(topo, _locality_limits)
+    cands = []
+    for j in jobs:
+        if not _unchanged(j, targets) or j.gpus < 2 or j.trial is not None or j.placement is None:
+            continue
+        if j.placement.shared or TrialKind.MIGRATE in j.failed_trials or slice_age(j, now) < min_slice:
+            continue
+        loc = topo.locality(j.placement.gpus)
+        best = next((lvl for lvl, most in limits if j.gpus <= most), Locality.CROSS_NODE)
+        if loc > best and pool.factor(j, j.gpus, best) >= (1.0 + knobs.locality_gain) * pool.factor(j, j.gpus, loc):
+            cands.append((-int(loc), j.job_id, j, loc))
+    cands.sort(key=lambda c: (c[0], c[1]))
+    moves = 0
+    for _, _, j, loc in cands:
+        if moves >= knobs.max_moves or not pool.free_count:
+            break
+        cur = j.placement
+        assert cur is not None
+        pool.release(cur)
+        p = pool.find(j, cur.count)
+        if p is not None and p != cur:
+            new_loc = topo.locality(p.gpus)
+            gain = pool.factor(j, cur.count, new_loc) / pool.factor(j, cur.count, loc)
+            if gain >= 1.0 + knobs.locality_gain:
+                pool.book(p)
+                targets.set(j.job_id, p, f"migrate: {loc.name.lower()} -> {new_loc.name.lower()}")
+                targets.trials[j.job_id] = TrialKind.MIGRATE
+                final[j.job_id] = p
+                moves += 1
+                continue
+        pool.book(cur)
+
+
+def _locality_limits(topo: Topology) -> list[tuple[Locality, int]]:
+    """The most GPUs one PCIe switch, one socket and one node hold (the best locality k GPUs can have)."""
+    switch: dict[tuple[str, int], int] = {}
+    socket: dict[tuple[str, int], int] = {}
+    node = 0
+    for n in topo.nodes:
+        if not n.up:
+            continue
+        node = max(node, len(n.gpus))
+        for g in n.gpus:
+            switch[(n.name, g.switch)] = switch.get((n.name, g.switch), 0) + 1
+            socket[(n.name, g.socket)] = socket.get((n.name, g.socket), 0) + 1
+    return [
+        (Locality.SWITCH, max(switch.values(), default=0)),
+        (Locality.SOCKET, max(socket.values(), default=0)),
+        (Locality.NODE, node),
+    ]
+
+
+def _grow(
+    jobs: Sequence[Job],
+    final: dict[str, Placement | None],
+    targets: Targets,
+    pool: GpuPool,
+    knobs: Introspection,
+    speeds: Speeds,
+    now: float,
+    min_slice: float,
+) -> None:
+    """Elastic jobs take idle GPUs while one more GPU still speeds them up, as GROW trials."""
+    for j in jobs:
+        if not pool.free_count:
+            return
+        if not _unchanged(j, targets) or j.trial is not None or TrialKind.GROW in j.failed_trials:
+            continue
+        cur = j.placement
+        assert cur is not None
+        if cur.shared or j.gpus >= j.spec.max_gpus or slice_age(j, now) < min_slice:
+            continue
+        k = j.gpus
+        while k < j.spec.max_gpus and k - j.gpus < pool.free_count and speeds.gain(j, k) > 1 + knobs.min_gain:
+            k += 1
+        if k == j.gpus:
+            continue
+        pool.release(cur)
+        p = pool.find(j, k)
+        if p is not None:
+            pool.book(p)
+            targets.set(j.job_id, p, f"grow onto idle GPUs: {j.gpus} -> {k}")
+            targets.trials[j.job_id] = TrialKind.GROW
+            final[j.job_id] = p
+        else:
+            pool.book(cur)
+
+
+@dataclass(frozen=True)
+class Gandiva:
+    """Gandiva: affinity placement, time-slicing every `quantum` seconds when jobs outnumber GPUs
+    (least attained service per GPU first; no job is suspended before `min_slice`, default one
+    quantum, nor for a job less than `hysteresis` seconds of service behind it, default one
+    quantum), and introspective packing, migration and grow-shrink trials."""
+
+    quantum: float | None = 60.0
+    min_slice: float | None = None
+    hysteresis: float | None = None
+    pack: bool = True
+    migrate: bool = True
+    grow: bool = True
+    trial_window: float = 120.0
+    pack_keep: float = 0.55
+    min_gain: float = 0.05
+    locality_gain: float = 0.10
+    max_moves: int = 4
+    seed: int = 0
+    name: str = "gandiva"
+    elastic: ClassVar[bool] = False  # runs jobs as asked; grows the ones that declare a range
+    memo: Memo = field(default_factory=Memo, init=False, repr=False, compare=False)
+
+    @property
+    def knobs(self) -> Introspection:
+        return Introspection(
+            self.pack,
+            self.migrate,
+            self.grow,
+            self.trial_window,
+            self.pack_keep,
+            self.min_gain,
+            self.locality_gain,
+            self.max_moves,
+        )
+
+    @property
+    def slice_floor(self) -> float:
+        return self.min_slice if self.min_slice is not None else (self.quantum or 0.0)
+
+    def decide(self, view: ClusterView, now: float) -> Plan:
+        jobs = active_jobs(view)
+        if not jobs:
+            return Plan()
+        speeds = Speeds(self.memo)
+        knobs = self.knobs
+        back, reverts = _verdicts(jobs, now, knobs, speeds)
+        hyst = self.hysteresis if self.hysteresis is not None else self.slice_floor
+        order, counts = _las_counts(jobs, now, capacity(view), self.slice_floor, self.seed, hyst)
+        return _run_round(
+            view, now, jobs, order, counts, knobs, speeds, back, reverts, self.slice_floor, "time-slice", self.memo
+        )
+
+
+@dataclass(frozen=True)
+class Default:
+    """The composed default: AFS-L allocation, affinity placement, time-slicing when oversubscribed
+    (a never-run job gets a first slice of `probe` seconds at once, for early feedback; no job is
+    suspended before `min_slice`), and introspective migration trials.
+
+    Packing trials are off by default (`pack=True` turns them on): under AFS allocation a packed pair
+    still counts two GPUs, so on the Philly traces packing churned (about 50 suspends per job on
+    0e4a51) without shortening jobs; elastic growth (AFS) already uses the idle GPUs."""
+
+    quantum: float | None = 60.0
+    min_slice: float = 60.0
+    probe: float = 120.0
+    pack: bool = False
+    migrate: bool = True
+    trial_window: float = 120.0
+    pack_keep: float = 0.55
+    min_gain: float = 0.05
+    locality_gain: float = 0.10
+    max_moves: int = 4
+    seed: int = 0
+    name: str = "default"
+    elastic: ClassVar[bool] = True
+    memo: Memo = field(default_factory=Memo, init=False, repr=False, compare=False)
+
+    def decide(self, view: ClusterView, now: float) -> Plan:
+        jobs = active_jobs(view)
+        if not jobs:
+            return Plan()
+        speeds = Speeds(self.memo)
+        knobs = Introspection(
+            self.pack,
+            self.migrate,
+            False,
+            self.trial_window,
+            self.pack_keep,
+            self.min_gain,
+            self.locality_gain,
+            self.max_moves,
+        )
+        back, reverts = _verdicts(jobs, now, knobs, speeds)
+        floors: dict[str, int] = {}
+        young = sorted(
+            (j for j in jobs if j.state is JobState.RUNNING and slice_age(j, now) < self._hold(j)),
+            key=lambda j: (j.slice_start or 0.0, j.job_id),
+        )
+        for j in young:
+            floors[j.job_id] = clamp(j, j.gpus)
+        fresh = sorted(
+            (j for j in jobs if j.state is JobState.QUEUED and j.times_scheduled == 0),
+            key=lambda j: (j.spec.submit_time, j.job_id),
+        )
+        for j in fresh:
+            floors[j.job_id] = j.spec.min_gpus
+        # A job in its first slice is not resized until `probe` is over: a resize costs it a
+        # suspend and a resume just when its user waits for the first mini-batches.
+        probing = frozenset(j.job_id for j in young if j.times_scheduled <= 1) | {j.job_id for j in fresh}
+        counts = afs_counts(
+            jobs, capacity(view), speeds, pessimistic=False, seed=self.seed, floors=floors, frozen=probing
+        )
+        order = sorted(
+            jobs,
+            key=lambda j: (
+                j.job_id not in floors,
+                speeds.remaining(j, j.spec.min_gpus),
+                j.attained_service,
+                tie_rank(self.seed, j.job_id),
+            ),
+        )
+        return _run_round(
+            view, now, jobs, order, counts, knobs, speeds, back, reverts, self.min_slice, "afs", self.memo
+        )
+
+    def _hold(self, j: Job) -> float:
+        return max(self.min_slice, self.probe) if j.times_scheduled <= 1 else self.min_slice

@@ -1,0 +1,478 @@
+"""Affinity-aware placement (Gandiva's reactive mode) and the step from GPU counts to a plan.
+
+`GpuPool` books GPUs (whole or as shards) and answers "where should a k-GPU job go": nodes whose jobs
+have the same GPU count (same affinity), then free nodes, then nodes of another affinity, and within a
+node the GPUs under one PCIe switch, else one socket, else the node; a job larger than any node's free
+GPUs spans as few nodes as it can. Nodes are indexed by (affinity, free GPUs), so one placement touches
+a handful of nodes, never the whole cluster.
+
+`realize` turns per-job GPU counts into the targets of `Plan.from_targets`: running jobs keep their
+GPUs when their count is unchanged (no needless migrations), shrink in place, grow where they can.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from slurm_gandiva.model import (
+    ClusterView,
+    GpuInfo,
+    GpuRef,
+    Job,
+    JobState,
+    Locality,
+    Placement,
+    Topology,
+    TrialKind,
+)
+from slurm_gandiva.plan import Plan
+from slurm_gandiva.selector.common import Memo
+
+# Relative speed at each locality when the job's own rates say nothing about it (a cautious prior).
+LOCALITY_PRIOR: Mapping[Locality, float] = {
+    Locality.SWITCH: 1.0,
+    Locality.SOCKET: 0.97,
+    Locality.NODE: 0.93,
+    Locality.CROSS_NODE: 0.8,
+}
+# How much relative speed a job gives up to stay in an earlier affinity tier (limits fragmentation).
+TIER_COST = 0.02
+# How many candidate nodes one tier examines for a better locality before settling.
+_SCAN_LIMIT = 8
+
+_EMPTY = 0  # affinity key of a node with no jobs
+_MIXED = -1  # affinity key of a node whose jobs have different GPU counts
+
+
+def locality_factor(job: Job, gpus: int, locality: Locality) -> float:
+    """The job's speed at `locality` relative to its best locality at `gpus` GPUs (1.0 = no loss).
+
+    Measured rates win; otherwise the ratio measured at another GPU count; otherwise `LOCALITY_PRIOR`.
+    """
+    if gpus <= 1 or locality is Locality.SWITCH:
+        return 1.0
+    rates = job.rates.rates
+    if rates:
+        for k in (gpus, *sorted({k for k, _ in rates if k > 1 and k != gpus}, key=lambda k: abs(k - gpus))):
+            at = rates.get((k, locality))
+            if at is None:
+                continue
+            best = max((r for loc in Locality if (r := rates.get((k, loc))) is not None), default=0.0)
+            if best > 0:
+                return min(1.0, at / best)
+    return LOCALITY_PRIOR[locality]
+
+
+class _NodeState:
+    __slots__ = ("free", "sizes")
+
+    def __init__(self, free: dict[GpuRef, GpuInfo]) -> None:
+        self.free = free
+        self.sizes: dict[int, int] = {}  # GPU count of a job on this node -> how many such jobs
+
+    @property
+    def key(self) -> int:
+        if not self.sizes:
+            return _EMPTY
+        if len(self.sizes) == 1:
+            return next(iter(self.sizes))
+        return _MIXED
+
+
+def _pool_template(topology: Topology) -> list[tuple[str, dict[GpuRef, GpuInfo], int]]:
+    return [(n.name, {g.ref: g for g in n.gpus}, n.shards) for n in topology.nodes if n.up]
+
+
+class GpuPool:
+    """Which GPUs of the up nodes are free, whole or as shards, indexed for fast placement."""
+
+    def __init__(self, topology: Topology, memo: Memo | None = None) -> None:
+        self.topology = topology
+        self.memo = memo if memo is not None else Memo()
+        self._nodes: dict[str, _NodeState] = {}
+        self._shards: dict[GpuRef, int] = {}
+        self._whole: set[GpuRef] = set()
+        self._index: dict[tuple[int, int], dict[str, None]] = {}
+        self._keys: dict[int, int] = {}
+        self._shard_cap: dict[str, int] = {}
+        self._factors: dict[tuple[int, int, Locality], float] = {}
+        self.max_node_gpus = 0
+        self._free_total = 0
+        template = self.memo.per_topology(topology, _pool_template)
+        for name, free, shards in template:
+            st = _NodeState(dict(free))
+            self._nodes[name] = st
+            self._shard_cap[name] = shards
+            self.max_node_gpus = max(self.max_node_gpus, len(free))
+            self._free_total += len(free)
+            self._add_index(name, st)
+
+    # -- index upkeep ---------------------------------------------------------------------------
+    def _add_index(self, name: str, st: _NodeState) -> None:
+        key = st.key
+        self._index.setdefault((key, len(st.free)), {})[name] = None
+        self._keys[key] = self._keys.get(key, 0) + 1
+
+    def _drop_index(self, name: str, st: _NodeState) -> None:
+        key = st.key
+        bucket = self._index[(key, len(st.free))]
+        del bucket[name]
+        self._keys[key] -= 1
+        if not self._keys[key]:
+            del self._keys[key]
+
+    # -- queries ----------------------------------------------------------------------------------
+    @property
+    def free_count(self) -> int:
+        """GPUs that are free whole (no holder at all)."""
+        return self._free_total
+
+    def is_free(self, ref: GpuRef) -> bool:
+        st = self._nodes.get(ref.node)
+        return st is not None and ref in st.free
+
+    def node_free(self, node: str) -> tuple[GpuRef, ...]:
+        st = self._nodes.get(node)
+        return tuple(st.free) if st else ()
+
+    def can_book(self, placement: Placement) -> bool:
+        """Whether every GPU of `placement` is on an up node and still available in that mode."""
+        for g in placement.gpus:
+            st = self._nodes.get(g.node)
+            if st is None or not self.topology.has_gpu(g):
+                return False
+            if placement.shared:
+                if g in self._whole or self._shards.get(g, 0) >= self._shard_cap[g.node]:
+                    return False
+            elif g not in st.free:
+                return False
+        return True
+
+    def shard_cap(self, node: str) -> int:
+        """How many shard holders one GPU of `node` takes (0 for a node that is down or unknown)."""
+        return self._shard_cap.get(node, 0)
+
+    def shard_slots(self) -> list[GpuRef]:
+        """GPUs already held as shards that have room for one more holder."""
+        return [g for g, n in self._shards.items() if 0 < n < self._shard_cap[g.node]]
+
+    # -- booking ----------------------------------------------------------------------------------
+    def book(self, placement: Placement) -> bool:
+        """Book `placement` (whole or shards); False, and nothing booked, if any GPU is unavailable."""
+        if not self.can_book(placement):
+            return False
+        size = placement.count
+        touched = dict.fromkeys(g.node for g in placement.gpus)
+        for name in touched:
+            self._drop_index(name, self._nodes[name])
+        for g in placement.gpus:
+            st = self._nodes[g.node]
+            if placement.shared:
+                self._shards[g] = self._shards.get(g, 0) + 1
+                if st.free.pop(g, None) is not None:
+                    self._free_total -= 1
+            else:
+                del st.free[g]
+                self._free_total -= 1
+                self._whole.add(g)
+        for name in touched:
+            st = self._nodes[name]
+            st.sizes[size] = st.sizes.get(size, 0) + 1
+            self._add_index(name, st)
+        return True
+
+    def book_many(self, placements: Sequence[Placement]) -> list[bool]:
+        """`book` each placement in turn (same answers), rebuilding the node index once at the end."""
+        self._index.clear()
+        self._keys.clear()
+        out: list[bool] = []
+        for placement in placements:
+            if not self.can_book(placement):
+                out.append(False)
+                continue
+            for g in placement.gpus:
+                st = self._nodes[g.node]
+                if placement.shared:
+                    self._shards[g] = self._shards.get(g, 0) + 1
+                    if st.free.pop(g, None) is not None:
+                        self._free_total -= 1
+                else:
+                    del st.free[g]
+                    self._free_total -= 1
+                    self._whole.add(g)
+            size = placement.count
+            for name in dict.fromkeys(g.node for g in placement.gpus):
+                sizes = self._nodes[name].sizes
+                sizes[size] = sizes.get(size, 0) + 1
+            out.append(True)
+        for name, st in self._nodes.items():
+            self._add_index(name, st)
+        return out
+
+    def release(self, placement: Placement) -> None:
+        """Undo `book(placement)`."""
+        size = placement.count
+        touched = dict.fromkeys(g.node for g in placement.gpus)
+        for name in touched:
+            self._drop_index(name, self._nodes[name])
+        for g in placement.gpus:
+            st = self._nodes[g.node]
+            if placement.shared:
+                left = self._shards[g] - 1
+                if left:
+                    self._shards[g] = left
+                else:
+                    del self._shards[g]
+                    st.free[g] = self.topology.gpu(g)
+                    self._free_total += 1
+            else:
+                self._whole.discard(g)
+                st.free[g] = self.topology.gpu(g)
+                self._free_total += 1
+        for name in touched:
+            st = self._nodes[name]
+            st.sizes[size] -= 1
+            if not st.sizes[size]:
+                del st.sizes[size]
+            self._add_index(name, st)
+
+    # -- placement --------------------------------------------------------------------------------
+    def factor(self, job: Job, gpus: int, locality: Locality) -> float:
+        """`locality_factor`, memoised per rate table for the life of this pool (one round)."""
+        key = (id(job.rates), gpus, locality)
+        val = self._factors.get(key)
+        if val is None:
+            val = self._factors[key] = locality_factor(job, gpus, locality)
+        return val
+
+    def _nodes_with(self, key: int, at_least: int) -> Iterable[str]:
+        """Nodes of affinity `key` with at least `at_least` free GPUs, fewest free first (best fit)."""
+        for f in range(at_least, self.max_node_gpus + 1):
+            bucket = self._index.get((key, f))
+            if bucket:
+                yield from bucket
+
+    def find(self, job: Job, gpus: int) -> Placement | None:
+        """The best whole-GPU placement of `gpus` GPUs for `job` by affinity and locality (not booked)."""
+        if gpus <= 0 or gpus > self.free_count:
+            return None
+        if gpus <= self.max_node_gpus:
+            others = sorted(k for k in self._keys if k not in (gpus, _EMPTY))
+            best: tuple[float, list[GpuRef]] | None = None
+            for tier_no, keys in enumerate(([gpus], [_EMPTY], others)):
+                ceiling = 1.0 - TIER_COST * tier_no  # the best score any node of this tier can get
+                if best is not None and best[0] >= ceiling:
+                    break
+                scanned = 0
+                for key in keys:
+                    for name in self._nodes_with(key, gpus):
+                        refs, loc = _pick_on_node(self._nodes[name], gpus)
+                        score = self.factor(job, gpus, loc) - TIER_COST * tier_no
+                        if best is None or score > best[0]:
+                            best = (score, refs)
+                        scanned += 1
+                        if score >= ceiling or scanned >= _SCAN_LIMIT:
+                            break
+                    if (best is not None and best[0] >= ceiling) or scanned >= _SCAN_LIMIT:
+                        break
+            if best is not None:
+                return Placement(tuple(best[1]))
+        return self._find_across(gpus)
+
+    def _find_across(self, gpus: int) -> Placement | None:
+        """Span as few nodes as possible: whole free nodes first, then the best-fitting remainder."""
+        chosen: list[GpuRef] = []
+        need = gpus
+        used: set[str] = set()
+        by_free: dict[int, list[str]] = {}
+        for (_, f), bucket in self._index.items():
+            if f:
+                by_free.setdefault(f, []).extend(bucket)
+        for f in by_free:
+            by_free[f].sort()
+        sizes = sorted(by_free)
+        while need > 0:
+            fit = next((f for f in sizes if f >= need and any(n not in used for n in by_free[f])), None)
+            if fit is not None:
+                name = next(n for n in by_free[fit] if n not in used)
+                refs, _ = _pick_on_node(self._nodes[name], need)
+                chosen.extend(refs)
+                return Placement(tuple(chosen))
+            big = next((f for f in reversed(sizes) if any(n not in used for n in by_free[f])), None)
+            if big is None:
+                return None
+            name = next(n for n in by_free[big] if n not in used)
+            used.add(name)
+            chosen.extend(self._nodes[name].free)
+            need -= big
+        return Placement(tuple(chosen))
+
+
+def _pick_on_node(st: _NodeState, k: int) -> tuple[list[GpuRef], Locality]:
+    """k free GPUs of one node with the best locality; best fit so whole switches stay free."""
+    by_switch: dict[int, list[GpuRef]] = {}
+    by_socket: dict[int, list[int]] = {}
+    for ref, info in st.free.items():
+        lst = by_switch.setdefault(info.switch, [])
+        if not lst:
+            by_socket.setdefault(info.socket, []).append(info.switch)
+        lst.append(ref)
+    fits = [s for s, refs in by_switch.items() if len(refs) >= k]
+    if fits:
+        sw = min(fits, key=lambda s: (len(by_switch[s]), s))
+        return sorted(by_switch[sw])[:k], Locality.SWITCH
+
+    def take(switches: Iterable[int]) -> list[GpuRef]:
+        out: list[GpuRef] = []
+        for s in sorted(switches, key=lambda s: (-len(by_switch[s]), s)):
+            out.extend(sorted(by_switch[s])[: k - len(out)])
+            if len(out) >= k:
+                break
+        return out
+
+    sock_fits = [
+        (sum(len(by_switch[s]) for s in sws), sock, sws)
+        for sock, sws in by_socket.items()
+        if sum(len(by_switch[s]) for s in sws) >= k
+    ]
+    if sock_fits:
+        _, _, sws = min(sock_fits)
+        return take(sws), Locality.SOCKET
+    return take(by_switch), Locality.NODE
+
+
+def shrink(topology: Topology, placement: Placement, k: int) -> Placement:
+    """The k GPUs of `placement` to keep when a job shrinks: the most tightly grouped ones."""
+    groups: dict[tuple[str, int, int], list[GpuRef]] = {}
+    for g in placement.gpus:
+        info = topology.gpu(g)
+        groups.setdefault((g.node, info.socket, info.switch), []).append(g)
+    per_node = Counter(g.node for g in placement.gpus)
+    per_socket = Counter((n, s) for n, s, _ in groups for _ in groups[(n, s, _)])
+    order = sorted(
+        groups,
+        key=lambda key: (-per_node[key[0]], key[0], -per_socket[(key[0], key[1])], -len(groups[key]), key),
+    )
+    kept: list[GpuRef] = []
+    for key in order:
+        kept.extend(groups[key][: k - len(kept)])
+        if len(kept) >= k:
+            break
+    return Placement(tuple(kept), shared=placement.shared)
+
+
+@dataclass
+class Targets:
+    """What `realize` produced: target placements (only for jobs that change) and their annotations."""
+
+    placements: dict[str, Placement | None] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    trials: dict[str, TrialKind] = field(default_factory=dict)
+    reverts: set[str] = field(default_factory=set)
+
+    def set(self, job_id: str, placement: Placement | None, reason: str) -> None:
+        self.placements[job_id] = placement
+        self.reasons[job_id] = reason
+
+    def plan(self, view: ClusterView) -> Plan:
+        return Plan.from_targets(view, self.placements, self.reasons, self.trials, frozenset(self.reverts))
+
+
+def placed_ok(view: ClusterView, job: Job) -> bool:
+    """A running job whose placement is entirely on existing GPUs of up nodes."""
+    if job.state is not JobState.RUNNING or job.placement is None:
+        return False
+    topo = view.topology
+    return all(topo.has_gpu(g) and topo.node(g.node).up for g in job.placement.gpus)
+
+
+def realize(
+    view: ClusterView,
+    jobs: Sequence[Job],
+    counts: Mapping[str, int],
+    *,
+    pool: GpuPool | None = None,
+    elastic_fallback: bool = False,
+    reason: str = "",
+    fixed: Mapping[str, Placement] | None = None,
+    reverts: Iterable[str] = (),
+    memo: Memo | None = None,
+) -> tuple[Targets, GpuPool]:
+    """Targets that give each job in `jobs` (priority order) `counts[job_id]` GPUs (0 or missing: none).
+
+    Running jobs keep their GPUs when the count is unchanged, keep a subset when it shrinks, and
+    keep what they have if a larger placement cannot be found. New placements go in priority order.
+    With `elastic_fallback`, a job that cannot get its count gets the most it can, down to its minimum.
+    `fixed` names exact placements for some jobs (trial reverts), taken when their GPUs are available
+    after the staying jobs are booked; `reverts` marks the decisions of those jobs as reverts.
+    """
+    topo = view.topology
+    pool = pool or GpuPool(topo, memo)
+    out = Targets()
+    kept: dict[str, Placement] = {}
+    pending: list[Job] = []
+    fixed = fixed or {}
+    out.reverts.update(reverts)
+    deferred: list[Job] = []
+    # Book what stays first, so that nobody is placed on GPUs a staying job holds.
+    stay: list[tuple[Job, Placement, int]] = []
+    for job in jobs:
+        want = counts.get(job.job_id, 0)
+        if want > 0 and job.job_id in fixed:
+            deferred.append(job)
+        elif job.state is JobState.RUNNING and job.placement is not None:
+            cur = job.placement
+            if want <= 0:
+                out.set(job.job_id, None, reason or "preempted")
+            elif want >= cur.count or not all(topo.has_gpu(g) for g in cur.gpus):
+                stay.append((job, cur, want))
+            else:
+                stay.append((job, shrink(topo, cur, want), want))
+        elif want > 0:
+            pending.append(job)
+    for (job, target, want), ok in zip(stay, pool.book_many([t for _, t, _ in stay]), strict=True):
+        had = job.placement
+        assert had is not None
+        if not ok:
+            pending.append(job)
+            continue
+        kept[job.job_id] = target
+        if target != had:
+            out.set(job.job_id, target, reason or "shrink")
+        if want > had.count:
+            pending.append(job)
+    for job in deferred:
+        target = fixed[job.job_id]
+        if pool.book(target):
+            kept[job.job_id] = target
+            out.set(job.job_id, target, "revert")
+        elif job.state is JobState.RUNNING and placed_ok(view, job) and pool.book(job.placement):  # type: ignore[arg-type]
+            kept[job.job_id] = job.placement  # type: ignore[assignment]
+        else:
+            pending.append(job)
+    rank = {j.job_id: i for i, j in enumerate(jobs)}
+    pending.sort(key=lambda j: rank[j.job_id])
+    for job in pending:
+        want = counts[job.job_id]
+        old = kept.pop(job.job_id, None)
+        if old is not None:
+            pool.release(old)
+        found = None
+        lowest = job.spec.min_gpus if elastic_fallback else want
+        for k in range(want, max(1, lowest) - 1, -1):
+            if old is not None and k <= old.count:
+                break
+            found = pool.find(job, k)
+            if found is not None:
+                break
+        if found is not None:
+            pool.book(found)
+            out.set(job.job_id, found, reason or ("grow" if old is not None else "start"))
+        elif old is not None:
+            pool.book(old)
+            out.placements.pop(job.job_id, None)
+        elif job.state is JobState.RUNNING:
+            out.set(job.job_id, None, reason or "no room")
+    return out, pool

@@ -1,0 +1,374 @@
+"""Small hand-built views with the exact plans each mechanism must produce."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_gandiva.errors import ConfigError
+from slurm_gandiva.model import (
+    ClusterView,
+    GpuRef,
+    Job,
+    JobSpec,
+    JobState,
+    Locality,
+    Placement,
+    RateTable,
+    Topology,
+    Trial,
+    TrialKind,
+)
+from slurm_gandiva.plan import Action, Plan
+from slurm_gandiva.selector import POLICY_NAMES, make_policy
+from slurm_gandiva.selector.afs import afs_counts
+from slurm_gandiva.selector.common import Speeds
+from slurm_gandiva.selector.placement import GpuPool
+
+TWO_BY_FOUR = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)  # per node: switch 0 = GPUs 0,1; 1 = 2,3
+
+
+def gp(node: str, *idx: int, shared: bool = False) -> Placement:
+    return Placement(tuple(GpuRef(node, i) for i in idx), shared=shared)
+
+
+def job(
+    jid: str,
+    lo: int = 1,
+    hi: int | None = None,
+    *,
+    submit: float = 0.0,
+    work: float | None = 1000.0,
+    rates: RateTable | None = None,
+    **kw: object,
+) -> Job:
+    spec = JobSpec(jid, "u", lo, hi if hi is not None else lo, submit, total_work=work)
+    return Job(spec, rates=rates or RateTable()).evolve(**kw)
+
+
+def running(jid: str, placement: Placement, *, since: float = 0.0, **kw: object) -> Job:
+    lo = kw.pop("lo", placement.count)
+    hi = kw.pop("hi", lo)
+    return job(
+        jid,
+        lo,  # type: ignore[arg-type]
+        hi,  # type: ignore[arg-type]
+        state=JobState.RUNNING,
+        placement=placement,
+        slice_start=since,
+        first_start=since,
+        times_scheduled=1,
+        **kw,
+    )
+
+
+def steps(plan: Plan) -> list[tuple[str, str, str]]:
+    return [(d.action.value, d.job_id, str(d.placement) if d.placement else "-") for d in plan.decisions]
+
+
+def place(view: ClusterView, j: Job, k: int) -> Placement | None:
+    pool = GpuPool(view.topology)
+    for other in view.running:
+        assert other.placement is not None
+        assert pool.book(other.placement)
+    return pool.find(j, k)
+
+
+# -- affinity placement --------------------------------------------------------------------------
+
+
+def test_same_affinity_node_first_then_best_fit_switch() -> None:
+    view = ClusterView(TWO_BY_FOUR, (running("a", gp("n1", 0)),))
+    assert place(view, job("x"), 1) == gp("n1", 1)  # same affinity (1-GPU jobs), the half-used switch
+
+
+def test_free_node_before_other_affinity_then_other_affinity() -> None:
+    view = ClusterView(TWO_BY_FOUR, (running("a", gp("n1", 0, 1)),))
+    assert place(view, job("x"), 1) == gp("n2", 0)
+    view = ClusterView(TWO_BY_FOUR, (running("a", gp("n1", 0, 1)), running("b", gp("n2", 0, 1))))
+    assert place(view, job("x"), 1) == gp("n1", 2)  # no same-affinity or free node: other affinity
+
+
+def test_multi_gpu_job_gets_one_switch() -> None:
+    view = ClusterView(TWO_BY_FOUR, (running("a", gp("n1", 0)), running("b", gp("n1", 2))))
+    assert place(view, job("x", 2), 2) == gp("n2", 0, 1)  # n1 has 2 free GPUs, but on two sockets
+    empty = ClusterView(TWO_BY_FOUR, ())
+    assert place(empty, job("x", 2), 2) == gp("n1", 0, 1)
+    assert place(empty, job("x", 3), 3) == gp("n1", 0, 1, 2)
+
+
+def test_locality_sensitivity_decides_between_tiers() -> None:
+    view = ClusterView(TWO_BY_FOUR, (running("a", gp("n1", 0, 2)),))  # n1: affinity 2, free 1 and 3
+    # No measurements: the prior says two sockets cost more than the affinity tier is worth.
+    assert place(view, job("x", 2), 2) == gp("n2", 0, 1)
+    # Measured: this job does not care where its GPUs are, so it stays in the same-affinity node.
+    flat = RateTable({(2, Locality.SWITCH): 20.0, (2, Locality.NODE): 20.0})
+    assert place(view, job("x", 2, rates=flat), 2) == gp("n1", 1, 3)
+
+
+def test_large_job_spans_fewest_nodes() -> None:
+    p = place(ClusterView(TWO_BY_FOUR, ()), job("x", 6), 6)
+    assert p == Placement(gp("n1", 0, 1, 2, 3).gpus + gp("n2", 0, 1).gpus)
+    assert TWO_BY_FOUR.locality(p.gpus) is Locality.CROSS_NODE
+
+
+# -- time-slicing --------------------------------------------------------------------------------
+
+ONE_GPU = Topology.uniform(1, 1)
+
+
+def test_time_slice_waits_for_min_slice_then_rotates() -> None:
+    pol = make_policy("gandiva", pack=False)
+    a = running("a", gp("n1", 0), since=0.0, attained_service=30.0)
+    b = job("b", submit=10.0)
+    assert not pol.decide(ClusterView(ONE_GPU, (a, b), 30.0), 30.0)  # a's slice is younger than 60 s
+    a = a.evolve(attained_service=70.0)
+    plan = pol.decide(ClusterView(ONE_GPU, (a, b), 70.0), 70.0)
+    assert steps(plan) == [("suspend", "a", "-"), ("start", "b", "n1:0")]
+    assert pol.quantum == 60.0
+
+
+def test_time_slice_picks_least_service_then_longest_waiting() -> None:
+    pol = make_policy("gandiva", pack=False)
+    a = running("a", gp("n1", 0), since=0.0, attained_service=200.0)
+    b = job("b", state=JobState.SUSPENDED, attained_service=50.0, last_run_end=20.0, times_scheduled=1)
+    c = job("c", state=JobState.SUSPENDED, attained_service=50.0, last_run_end=10.0, times_scheduled=1)
+    d = job("d", state=JobState.SUSPENDED, attained_service=80.0, last_run_end=5.0, times_scheduled=1)
+    plan = pol.decide(ClusterView(ONE_GPU, (a, b, c, d), 200.0), 200.0)
+    assert steps(plan) == [("suspend", "a", "-"), ("resume", "c", "n1:0")]
+
+
+def test_time_slice_hysteresis_avoids_swapping_every_round() -> None:
+    pol = make_policy("gandiva", pack=False)  # hysteresis defaults to one quantum (60 s)
+    a = running("a", gp("n1", 0), since=0.0, attained_service=100.0)
+    b = job("b", state=JobState.SUSPENDED, attained_service=50.0, last_run_end=0.0, times_scheduled=1)
+    assert not pol.decide(ClusterView(ONE_GPU, (a, b), 100.0), 100.0)  # b is only 50 s behind
+    plan = pol.decide(ClusterView(ONE_GPU, (a.evolve(attained_service=111.0), b), 111.0), 111.0)
+    assert steps(plan) == [("suspend", "a", "-"), ("resume", "b", "n1:0")]
+
+
+def test_attained_service_is_per_gpu_for_fairness() -> None:
+    topo = Topology.uniform(1, 2)
+    pol = make_policy("gandiva", pack=False, hysteresis=0.0)
+    a = running("a", gp("n1", 0, 1), since=0.0, attained_service=100.0)  # 50 s per GPU
+    b = job("b", 1, state=JobState.SUSPENDED, attained_service=60.0, last_run_end=0.0, times_scheduled=1)
+    assert not pol.decide(ClusterView(topo, (a, b), 100.0), 100.0)  # b ran longer (60 s) than a
+    c = job("c", 2, state=JobState.SUSPENDED, attained_service=80.0, last_run_end=0.0, times_scheduled=1)
+    plan = pol.decide(ClusterView(topo, (a, c), 100.0), 100.0)
+    assert steps(plan) == [("suspend", "a", "-"), ("resume", "c", "n1:0+1")]  # c ran 40 s
+
+
+# -- introspection: trials and reverts -----------------------------------------------------------
+
+
+def test_pack_trial_when_a_job_waits() -> None:
+    pol = make_policy("gandiva")
+    a = running("a", gp("n1", 0), since=0.0, attained_service=30.0, measured_rate=100.0)
+    b = job("b", submit=10.0)
+    plan = pol.decide(ClusterView(ONE_GPU, (a, b), 30.0), 30.0)
+    assert steps(plan) == [("pack", "a", "n1:0(shared)"), ("start", "b", "n1:0(shared)")]
+    assert all(d.trial is TrialKind.PACK for d in plan.decisions)
+    after = plan.apply(ClusterView(ONE_GPU, (a, b), 30.0))
+    assert after.consistency_errors() == []
+    assert after.job("a").trial == Trial(TrialKind.PACK, 30.0, 100.0, gp("n1", 0))
+
+
+def test_failed_pack_is_reverted_and_not_retried() -> None:
+    pol = make_policy("gandiva")
+    rates = RateTable({(1, Locality.SWITCH): 100.0})
+    a = running(
+        "a",
+        gp("n1", 0, shared=True),
+        since=0.0,
+        rates=rates,
+        attained_service=300.0,
+        trial=Trial(TrialKind.PACK, 0.0, 100.0, gp("n1", 0)),
+        measured_rate=40.0,
+    )
+    b = running(
+        "b",
+        gp("n1", 0, shared=True),
+        since=0.0,
+        rates=rates,
+        attained_service=200.0,
+        trial=Trial(TrialKind.PACK, 0.0, 0.0, None),
+        measured_rate=40.0,
+    )
+    view = ClusterView(ONE_GPU, (a, b), 200.0)
+    plan = pol.decide(view, 200.0)
+    assert steps(plan) == [("suspend", "b", "-"), ("unpack", "a", "n1:0")]
+    assert all(d.revert for d in plan.decisions)
+    after = plan.apply(view)
+    assert after.consistency_errors() == []
+    assert TrialKind.PACK in after.job("a").failed_trials and TrialKind.PACK in after.job("b").failed_trials
+    # b waits now; it is never packed again, but time-slicing gives it its turn (less service than a).
+    plan = pol.decide(after, 210.0)
+    assert steps(plan) == [("suspend", "a", "-"), ("resume", "b", "n1:0")]
+    assert plan.decisions[1].trial is None
+
+
+def test_good_pack_is_kept() -> None:
+    pol = make_policy("gandiva")
+    rates = RateTable({(1, Locality.SWITCH): 100.0})
+    a = running(
+        "a",
+        gp("n1", 0, shared=True),
+        rates=rates,
+        trial=Trial(TrialKind.PACK, 0.0, 100.0, gp("n1", 0)),
+        measured_rate=70.0,
+    )
+    b = running(
+        "b", gp("n1", 0, shared=True), rates=rates, trial=Trial(TrialKind.PACK, 0.0, 0.0, None), measured_rate=70.0
+    )
+    assert not pol.decide(ClusterView(ONE_GPU, (a, b), 30.0), 30.0)
+
+
+def test_grow_trial_onto_idle_gpus_and_revert() -> None:
+    topo = Topology.uniform(1, 4)
+    pol = make_policy("gandiva")
+    a = running("a", gp("n1", 0), since=0.0, lo=1, hi=4, measured_rate=10.0)
+    plan = pol.decide(ClusterView(topo, (a,), 100.0), 100.0)
+    assert steps(plan) == [("resize", "a", "n1:0+1+2+3")]
+    assert plan.decisions[0].trial is TrialKind.GROW
+    grown = plan.apply(ClusterView(topo, (a,), 100.0)).job("a").evolve(measured_rate=10.5)
+    plan = pol.decide(ClusterView(topo, (grown,), 300.0), 300.0)
+    assert steps(plan) == [("resize", "a", "n1:0")]
+    assert plan.decisions[0].revert
+    # A grow that pays is kept.
+    assert not pol.decide(ClusterView(topo, (grown.evolve(measured_rate=30.0),), 300.0), 300.0)
+
+
+def test_migrate_to_better_locality_and_revert() -> None:
+    pol = make_policy("gandiva")
+    a = running("a", Placement((GpuRef("n1", 0), GpuRef("n2", 0))), since=0.0, measured_rate=50.0)
+    view = ClusterView(TWO_BY_FOUR, (a,), 100.0)
+    plan = pol.decide(view, 100.0)
+    assert steps(plan) == [("migrate", "a", "n1:0+1")]
+    assert plan.decisions[0].trial is TrialKind.MIGRATE
+    moved = plan.apply(view).job("a").evolve(measured_rate=40.0)  # slower after the move
+    plan = pol.decide(ClusterView(TWO_BY_FOUR, (moved,), 300.0), 300.0)
+    assert steps(plan) == [("migrate", "a", "n1:0,n2:0")] and plan.decisions[0].revert
+
+
+# -- AFS ------------------------------------------------------------------------------------------
+
+
+def _afs_pair(gain_l: float, seed: int = 0, pessimistic: bool = False) -> dict[str, int]:
+    short = job(
+        "l", 1, 2, work=100.0, rates=RateTable({(1, Locality.SWITCH): 10.0, (2, Locality.SWITCH): 10.0 * gain_l})
+    )
+    long = job("h", 1, 2, work=1000.0, rates=RateTable({(1, Locality.SWITCH): 10.0, (2, Locality.SWITCH): 20.0}))
+    return afs_counts([short, long], 3, Speeds(), pessimistic=pessimistic, seed=seed)
+
+
+def test_afs_l_pairwise_rule_by_hand() -> None:
+    # l = the shorter job. 1.9 + 20/10... l wins iff T_l(2)/T_l(1) + T_h(1)/T_h(2) > 2.
+    assert _afs_pair(1.9) == {"l": 2, "h": 1}  # 1.9 + 0.5 = 2.4 > 2
+    assert _afs_pair(1.1) == {"l": 1, "h": 2}  # 1.1 + 0.5 = 1.6 < 2
+
+
+def test_afs_p_wins_only_when_robust_else_seeded_tie() -> None:
+    # gain 1.1 vs 2.0: h wins whichever is shorter (2 + 1/1.1 > 2 and 1.1 + 1/2 < 2).
+    assert all(_afs_pair(1.1, seed, True) == {"l": 1, "h": 2} for seed in range(10))
+    # gain 1.9 vs 2.0: each wins when it is the shorter one: a seeded coin decides.
+    outcomes = {tuple(sorted(_afs_pair(1.9, seed, True).items())) for seed in range(20)}
+    assert outcomes == {(("h", 1), ("l", 2)), (("h", 2), ("l", 1))}
+    assert _afs_pair(1.9, 3, True) == _afs_pair(1.9, 3, True)
+
+
+def test_afs_l_oversubscribed_gives_the_shortest_jobs_one_gpu() -> None:
+    topo = Topology.uniform(1, 2)
+    jobs = (job("a", 1, 4, work=300.0), job("b", 1, 4, work=100.0), job("c", 1, 4, work=200.0))
+    plan = make_policy("afs-l").decide(ClusterView(topo, jobs), 0.0)
+    assert sorted(d.job_id for d in plan.by_action(Action.START)) == ["b", "c"]
+    assert all(d.placement is not None and d.placement.count == 1 for d in plan.decisions)
+
+
+def test_afs_l_hands_spare_gpus_out() -> None:
+    topo = Topology.uniform(1, 4)
+    jobs = (job("a", 1, 4, work=100.0), job("b", 1, 4, work=1000.0))  # linear scaling: gains 2, 1.5, ...
+    plan = make_policy("afs-l").decide(ClusterView(topo, jobs), 0.0)
+    assert sum(d.placement.count for d in plan.decisions if d.placement) == 4
+    counts = {d.job_id: d.placement.count for d in plan.decisions if d.placement}
+    # a (shorter): 1->2 gain 2 + 1/2 > 2 wins; then a at 2 (1.5) vs b at 1 (2): 1.5 + 0.5 = 2, not > 2: b.
+    assert counts == {"a": 2, "b": 2}
+
+
+def test_afs_p_lease_protects_then_expires() -> None:
+    pol = make_policy("afs-p")
+    a = running("a", gp("n1", 0), since=0.0, lo=1, hi=1)
+    b = job("b", submit=5.0)
+    assert not pol.decide(ClusterView(ONE_GPU, (a, b), 100.0), 100.0)
+    plan = pol.decide(ClusterView(ONE_GPU, (a, b), 8000.0), 8000.0)
+    assert steps(plan) == [("suspend", "a", "-"), ("start", "b", "n1:0")]
+
+
+# -- baselines -----------------------------------------------------------------------------------
+
+
+def test_fifo_never_preempts_and_blocks_at_head() -> None:
+    topo = Topology.uniform(1, 2)
+    a = running("a", gp("n1", 0), work=1e9)
+    b = job("b", 2, submit=1.0, work=1.0)
+    c = job("c", 1, submit=2.0, work=1.0)
+    view = ClusterView(topo, (a, b, c), 10.0)
+    assert not make_policy("fifo").decide(view, 10.0)
+    assert steps(make_policy("fifo", backfill=True).decide(view, 10.0)) == [("start", "c", "n1:1")]
+
+
+def test_srtf_preempts_for_shorter_job() -> None:
+    a = running("a", gp("n1", 0), work=1000.0)
+    b = job("b", submit=1.0, work=10.0)
+    plan = make_policy("srtf").decide(ClusterView(ONE_GPU, (a, b), 10.0), 10.0)
+    assert steps(plan) == [("suspend", "a", "-"), ("start", "b", "n1:0")]
+
+
+def test_tiresias_demotes_past_threshold() -> None:
+    pol = make_policy("tiresias", threshold=3600.0)
+    b = job("b", submit=1.0)
+    young = running("a", gp("n1", 0), attained_service=100.0)
+    assert not pol.decide(ClusterView(ONE_GPU, (young, b), 100.0), 100.0)
+    old = young.evolve(attained_service=4000.0)
+    plan = pol.decide(ClusterView(ONE_GPU, (old, b), 4000.0), 4000.0)
+    assert steps(plan) == [("suspend", "a", "-"), ("start", "b", "n1:0")]
+
+
+# -- the composed default ------------------------------------------------------------------------
+
+
+def test_default_gives_a_new_job_a_probe_slice_then_allocates_like_afs_l() -> None:
+    pol = make_policy("default", pack=False)
+    a = running("a", gp("n1", 0), since=0.0, lo=1, hi=1, work=1000.0, attained_service=500.0)
+    b = job("b", submit=400.0, work=1e6)
+    view = ClusterView(ONE_GPU, (a, b), 500.0)
+    plan = pol.decide(view, 500.0)
+    assert steps(plan) == [("suspend", "a", "-"), ("start", "b", "n1:0")]  # AFS-L alone would keep a
+    assert not make_policy("afs-l").decide(view, 500.0)
+    probing = plan.apply(view)
+    assert not pol.decide(probing, 560.0)  # the probe slice is protected
+    plan = pol.decide(probing, 700.0)
+    assert steps(plan) == [("suspend", "b", "-"), ("resume", "a", "n1:0")]
+
+
+def test_registry() -> None:
+    assert POLICY_NAMES == ("fifo", "srtf", "tiresias", "gandiva", "afs-l", "afs-p", "default")
+    for name in POLICY_NAMES:
+        pol = make_policy(name)
+        assert pol.name == name
+        assert pol.quantum is None or pol.quantum > 0
+    assert make_policy("afs-p", lease=60.0).lease == 60.0  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="unknown policy"):
+        make_policy("nope")
+    with pytest.raises(ConfigError, match="no parameter"):
+        make_policy("fifo", quantum_x=1)
+
+
+def test_default_does_not_resize_a_job_during_its_probe_slice() -> None:
+    topo = Topology.uniform(1, 4)
+    pol = make_policy("default")
+    view = ClusterView(topo, (job("b", 1, 4, work=1e6),), 0.0)
+    plan = pol.decide(view, 0.0)
+    assert steps(plan) == [("start", "b", "n1:0")]  # the first slice: no resize before feedback
+    started = plan.apply(view)
+    assert not pol.decide(started, 60.0)
+    plan = pol.decide(ClusterView(topo, started.jobs, 200.0), 200.0)
+    assert steps(plan) == [("resize", "b", "n1:0+1+2+3")]  # then AFS hands it the idle GPUs
