@@ -17,6 +17,7 @@ every rank reads the control file no later than its boundary s + 1.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import random
@@ -196,6 +197,19 @@ class Session:
             raise RuntimeError("create the Session in the main thread: only it can receive signals")
         signal.signal(self.signal, self._on_signal)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.signal})
+        # A loop that never reaches the end of batches() still stops listening before interpreter teardown.
+        atexit.register(self._stop_listening)
+
+    def _stop_listening(self) -> None:
+        """Ignore the suspend signal from now on (training is over: done, suspended or failed).
+
+        At interpreter teardown (seconds with torch) Python restores the signal's default action, which
+        kills the process: a late or repeated signal would turn a finished run into a failed one. An
+        ignored signal survives that (Python leaves SIG_IGN alone).
+        """
+        atexit.unregister(self._stop_listening)
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(self.signal) == self._on_signal:
+            signal.signal(self.signal, signal.SIG_IGN)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signalled = True
@@ -405,6 +419,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self._stop_listening()
         if getattr(self, "_progress", None) is not None:
             assert self._progress is not None
             self._progress.stop(state)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,7 +69,11 @@ def parse_config(argv: Sequence[str] | None = None, env: dict[str, str] | None =
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_config(argv)
-        return run(config)
+        code = run(config)
+        # From here on there is nothing to stop: ignore the signal, or it would kill this process (the batch
+        # shell) during interpreter teardown, where Python restores the default action, and fail the job.
+        signal.signal(config.signal, signal.SIG_IGN)
+        return code
     except UsageError as exc:
         print(f"gandiva-wrapper: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)

@@ -57,11 +57,17 @@ class WrapperConfig:
 
 def allocated_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
     """The GPUs of the allocation, from the first of CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS, SLURM_JOB_GPUS."""
+    var = gpu_env_var(env)
+    return tuple(g.strip() for g in env[var].split(",") if g.strip()) if var else ()
+
+
+def gpu_env_var(env: Mapping[str, str]) -> str | None:
+    """Which of GPU_ENV_VARS `allocated_gpus` reads (the first that lists GPUs), or None."""
     for var in GPU_ENV_VARS:
         value = env.get(var, "").strip()
-        if value and value != "NoDevFiles":
-            return tuple(g.strip() for g in value.split(",") if g.strip())
-    return ()
+        if value and value != "NoDevFiles" and any(g.strip() for g in value.split(",")):
+            return var
+    return None
 
 
 def plan_ranks(nprocs: int | None, gpus: Sequence[str]) -> tuple[int, tuple[str | None, ...]]:
@@ -145,7 +151,24 @@ class _State:
 
     children: list[subprocess.Popen[bytes]] = field(default_factory=list)
     suspend_signals: int = 0
+    stop_pending: bool = False  # a suspend signal was forwarded: later ones are ignored
     terminated_by: str | None = None
+
+
+def suspend_action(st: _State, training_done: Callable[[], bool]) -> str | None:
+    """What to do with a suspend signal: None to forward it to the children, else why it is ignored.
+
+    The controller may re-signal a job that is slow to stop, and a signal may come after training ended:
+    forwarding again would at best do nothing, at worst hit a child in its interpreter teardown (Python then
+    no longer handles the signal, so its default action kills the child and a finished run reads FAILED).
+    """
+    if st.stop_pending:
+        return "a stop is already pending"
+    if any(c.returncode == ExitCode.DONE for c in st.children) or training_done():
+        return "training is done"
+    if all(c.poll() is not None for c in st.children):
+        return "no training process is running"
+    return None
 
 
 def run(
@@ -164,14 +187,24 @@ def run(
     job_id = env.get("SLURM_JOB_ID")
     st = _State()
 
+    started = time.time()
+
+    def training_done() -> bool:
+        prog = read_progress(files.progress)
+        return prog is not None and prog.state == "done" and prog.updated >= started
+
     def on_suspend(signum: int, frame: FrameType | None) -> None:
         st.suspend_signals += 1
-        for child in st.children:
-            if child.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.send_signal(config.signal)
+        ignored = suspend_action(st, training_done)
+        if ignored is None:
+            st.stop_pending = True
+            for child in st.children:
+                if child.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.send_signal(config.signal)
         append_event(files.events, "signal", signal=config.signal.name, count=st.suspend_signals,
-                     forwarded_to=[c.pid for c in st.children if c.returncode is None])
+                     forwarded_to=[] if ignored else [c.pid for c in st.children if c.returncode is None],
+                     **({"ignored": ignored} if ignored else {}))
 
     def on_terminate(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -201,7 +234,8 @@ def run(
         _log(f"cannot start {config.command[0]!r}: {exc.strerror or exc}")
         return _finish(files, ExitCode.FAILED, f"cannot start the command: {exc}", [], env, gpus, nprocs, config)
     append_event(files.events, "start", job_id=job_id, restart=env.get("SLURM_RESTART_COUNT", "0"),
-                 nprocs=nprocs, gpus=[g for g in rank_gpus if g is not None], command=list(config.command),
+                 nprocs=nprocs, gpus=[g for g in rank_gpus if g is not None], gpu_env=gpu_env_var(env),
+                 command=list(config.command),
                  children=[c.pid for c in st.children])
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a signal that came meanwhile is handled here
 

@@ -124,7 +124,9 @@ def policy_params(policy: str, quantum: float, extra: Sequence[str] = ()) -> dic
     elif policy in ("gandiva", "afs-l", "srtf", "tiresias"):
         params = {"min_slice": f"{quantum:g}"}
     if policy in ("default", "gandiva"):
-        # `gandiva sbatch` books untyped gpu:N (see submit.cli), and Slurm 22.05 cannot turn that into shards.
+        # Jobs are submitted without gres, so a first placement on shards would work, but Slurm 22.05 can
+        # neither take shards away from a job nor switch it back to whole GPUs: a packed job could never be
+        # unpacked or moved off its GPUs. Packing stays off in the demo (not verified end to end).
         params["pack"] = "false"
     for item in extra:
         key, eq, value = item.partition("=")

@@ -147,11 +147,12 @@ def sbatch_options(req: SbatchRequest, name: str) -> list[str]:
         "--open-mode=append",
         "--nodes=1",
         "--ntasks=1",
-        f"--gres=gpu:{req.gpus.min}",
     ]
-    # Untyped gpu:N on purpose: Slurm 22.05 MERGES a typed gres update into the job's earlier request (a
-    # job once given gpu:g1 and then asked for gpu:g0 gets both), so a typed job can never move to other
-    # GPU indices. With gpu:N the controller sets node and count at each start and Slurm picks the GPUs.
+    # No --gres on purpose: the job stays held (--hold, and job_submit.lua for marked jobs) until the
+    # controller sets node list and per-GPU typed gres (gpu:g0:1,... or shard:g0:1,...) and releases it.
+    # Slurm 22.05 cannot switch a job between gpu and shard, nor turn an untyped gpu:N into typed gres
+    # reliably, so any gres given here would fix the job's kind and lose exact placement and packing.
+    # The GPU range lives in the spec file (MIN:MAX).
     return opts
 
 

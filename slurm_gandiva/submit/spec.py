@@ -4,9 +4,9 @@ How the controller learns what a user asked for (elastic GPU range, model, total
 first run:
 
 1. `gandiva sbatch` submits the job HELD (`--hold`; the cluster's job_submit.lua holds marked jobs too),
-   marked `--comment=gandiva`, on one node, requesting an untyped ``--gres=gpu:MIN``. The controller sets
-   node and GPU count before each start (Slurm picks the GPU indices): Slurm 22.05 merges typed gres
-   updates into a job's earlier request, so typed per-GPU gres would pin a job to its first GPU indices.
+   marked `--comment=gandiva`, on one node, WITHOUT ``--gres``. Before each start the controller sets the
+   node list and per-GPU typed gres (``gpu:g0:1,gpu:g2:1`` whole, ``shard:g0:1,...`` packed); a job that
+   has no gres yet may get either kind (Slurm 22.05 cannot switch a job between gpu and shard later).
 2. Right after sbatch returns the job id, the submitter writes ``<jobs root>/spec/<job id>.json``
    atomically (temporary file + rename), as the submitting user. ``<jobs root>/spec`` is a
    world-writable sticky directory (mode 1777) like ``<jobs root>`` itself.

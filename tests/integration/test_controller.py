@@ -6,7 +6,7 @@ resume (GANDIVA_CRASH_AT) with nothing lost, stuck or double-booked; users canno
 users' jobs; a badly placed job migrates when better GPUs free up; an elastic job grows onto idle GPUs.
 
 Jobs are submitted with plain sbatch under the controller's conventions (comment gandiva, --requeue,
---open-mode=append, an untyped --gres=gpu:N as `gandiva sbatch` uses, the script exec's gandiva-wrapper)
+--open-mode=append, no --gres as `gandiva sbatch` submits, the script exec's gandiva-wrapper)
 plus a spec file.
 The controller runs as a separate process (`gandiva controller --config FILE`) so it can be killed.
 """
@@ -122,12 +122,10 @@ def make_env(cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path, gpus: dic
 
 
 def submit(
-    env: Env, user: str, *, steps: int, sleep: float, gpus: int = 1, max_gpus: int | None = None, gres: bool = True,
-    model: str = "",
+    env: Env, user: str, *, steps: int, sleep: float, gpus: int = 1, max_gpus: int | None = None, model: str = "",
 ) -> str:
-    """sbatch as `user` under the controller's conventions; the spec file is written as root. `gres=False`
-    submits without a GPU request, so the first placement can name exact GPUs (Slurm 22.05 cannot turn an
-    untyped request into a typed one)."""
+    """sbatch as `user` under the controller's conventions; the spec file is written as root. Like `gandiva
+    sbatch`, no GPU request: the controller sets typed per-GPU gres before each start."""
     jobs_root = env.cluster.jobs_dir
     train = [TRAIN, "--epochs", "1000", "--steps", str(steps), "--sleep-per-step", str(sleep)]
     script = "\n".join([
@@ -140,8 +138,6 @@ def submit(
     ])
     argv = ["sbatch", "--parsable", "--comment=gandiva", "--requeue", "--open-mode=append", "-p", "gpu",
             "-N", "1", "-J", f"t{uuid.uuid4().hex[:6]}", "-o", f"{jobs_root}/slurm-%j.out"]
-    if gres:
-        argv.append(f"--gres=gpu:{gpus}")
     proc = run_as(user, argv, env.cluster.env, input=script)
     assert proc.returncode == 0, proc.stderr
     jid = proc.stdout.strip().split(";")[0]
@@ -442,8 +438,8 @@ def test_migrates_badly_placed_job(env_factory, test_user: str, slurm: SlurmBack
     from slurm_gandiva.model import Placement
     from slurm_gandiva.requeue.protocol import RequeueProtocol
 
-    a = submit(env, test_user, steps=25, sleep=0.4, gres=False)
-    b = submit(env, test_user, steps=25, sleep=0.4, gres=False)
+    a = submit(env, test_user, steps=25, sleep=0.4)
+    b = submit(env, test_user, steps=25, sleep=0.4)
     proto = RequeueProtocol(slurm, jobs_root=env.cluster.jobs_dir)
     proto.resume(a, Placement((GpuRef("n1", 0),)))  # placed by hand before the controller starts
     proto.resume(b, Placement((GpuRef("n1", 2),)))

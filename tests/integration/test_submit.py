@@ -8,13 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_as
+from helpers import run_as, wait_for
 
+from job_wrapper.progress import read_events
 from slurm_gandiva.devcluster.cluster import DevCluster
+from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from slurm_gandiva.submit.spec import read_spec, spec_from_script, spec_path
 
 GANDIVA = str(Path(sys.executable).parent / "gandiva")
+TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
 NASTY_ARG = "it's \"odd\"; $(touch /tmp/gandiva-h8-pwned) `id` && echo  two  spaces"
 
 
@@ -40,7 +43,7 @@ def test_sbatch_as_user_creates_a_held_marked_job(
     assert job.user == test_user
     assert job.comment == "gandiva"
     assert job.pending and job.hold is not HoldKind.NONE
-    assert job.tres_per_node.endswith("gpu:1")  # untyped gpu:MIN (see submit.cli.sbatch_options)
+    assert "gpu" not in job.tres_per_node and "shard" not in job.tres_per_node  # no gres until placed
     assert job.name == "h8-submit"
     # the spec file: written by the user, readable by the controller
     path = spec_path(slurm_cluster.jobs_dir, job_id)
@@ -99,3 +102,47 @@ def test_bad_requests_exit_nonzero_with_one_line_and_submit_nothing(
     assert _user_job_ids(slurm, test_user) == before
     specs_after = set(os.listdir(spec_dir)) if spec_dir.is_dir() else set()
     assert specs_after == specs_before
+
+
+def test_sbatch_job_starts_on_exact_gpus_then_resizes_to_another_node(
+    slurm_cluster: DevCluster, slurm: SlurmBackend, slurm_env: dict[str, str], test_user: str,
+    job_dir: Path, cleanup_jobs: list[str],
+) -> None:
+    """A job `gandiva sbatch` submitted (no gres) takes typed per-GPU gres at its first start and after."""
+    train = ["--epochs", "1", "--samples", "640", "--batch-size", "16", "--hidden", "8", "--sleep-per-step", "0.1"]
+    proc = run_as(test_user, [GANDIVA, "sbatch", "--parsable", "--gpus", "1:2", "--mem=1G", "--cpus-per-task=2",
+                              "-o", f"{job_dir}/%j.out", "--", sys.executable, TRAIN, *train], slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    cleanup_jobs.append(job_id)
+    files = JobFiles(slurm_cluster.jobs_dir / job_id)
+    admin = {**slurm_env, "GANDIVA_JOBS_ROOT": str(slurm_cluster.jobs_dir)}
+
+    def gandiva(*argv: str) -> None:
+        res = subprocess.run([GANDIVA, *argv, "--start-timeout", "60"], env=admin, capture_output=True, text=True,
+                             timeout=200, check=False)
+        assert res.returncode == 0, f"gandiva {' '.join(argv)}: {res.stdout}{res.stderr}"
+
+    def events(name: str) -> list[dict[str, object]]:
+        return [e for e in read_events(files.events) if e["event"] == name]
+
+    gandiva("resume", job_id, "--node", "n1", "--gpus", "1,3")
+    job = slurm.job(job_id)
+    assert job.running and job.nodes == ("n1",) and job.gpus == {"n1": (1, 3)}, job
+    assert "gpu:g1:1" in job.tres_per_node and "gpu:g3:1" in job.tres_per_node  # typed, set by the protocol
+    wait_for(lambda: events("fresh_start"), timeout=60, what="training on n1")
+    first = events("start")[0]
+    assert (first["gpus"], first["gpu_env"], first["nprocs"]) == (["1", "3"], "CUDA_VISIBLE_DEVICES", 2)
+
+    gandiva("suspend", job_id)
+    job = slurm.job(job_id)
+    assert job.pending and job.hold is not HoldKind.NONE, job
+    gandiva("resize", job_id, "--gpus", "1", "--node", "n2")
+    job = slurm.job(job_id)
+    assert job.running and job.nodes == ("n2",) and len(job.gpus.get("n2", ())) == 1, job
+    resumed = wait_for(lambda: events("resumed"), timeout=60, what="training on n2")
+    assert resumed[0]["saved_world_size"] == 2 and resumed[0]["world_size"] == 1
+    assert events("start")[1]["gpus"] == [str(job.gpus["n2"][0])]
+    wait_for(lambda: (j := slurm.job(job_id)).finished and j, timeout=120, what="the job to finish")
+    assert slurm.job(job_id).state == "COMPLETED"
+    assert read_progress(files.progress).state == "done"  # type: ignore[union-attr]

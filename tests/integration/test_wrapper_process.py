@@ -316,3 +316,70 @@ def test_wrapper_usage_errors_exit_64(tmp_path: Path) -> None:
     assert res.returncode == ExitCode.USAGE and res.stderr.count("\n") == 1 and "--state-dir" in res.stderr
     res = subprocess.run([str(WRAPPER), "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert res.returncode == ExitCode.USAGE and "no command" in res.stderr
+
+
+COUNTING_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    got = []
+    signal.signal(signal.SIGUSR2, lambda s, f: got.append(s))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])
+    open(os.environ["OUT"] + ".ready", "w").close()
+    deadline = time.time() + 30
+    while not got and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(1.0)  # "checkpointing": the controller signals again meanwhile
+    open(os.environ["OUT"] + ".count", "w").write(str(len(got)))
+    sys.exit(75)
+    """
+)
+
+
+def _spam_until_exit(proc: subprocess.Popen[str], events: Path) -> int:
+    """Send SIGUSR2 every few ms from the training_done event until `proc` exits; returns how many were sent."""
+    sent = 0
+    while proc.poll() is None:
+        if any(e["event"] == "training_done" for e in read_events(events)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGUSR2)
+                sent += 1
+        time.sleep(0.005)
+    return sent
+
+
+def test_repeated_and_late_signals_neither_kill_training_nor_fail_a_finished_run(tmp_path: Path) -> None:
+    # 1. A second signal while the child stops: not forwarded (the child sees one), the run is suspended.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE", "GANDIVA_"))}
+    env.update(OUT=str(tmp_path / "child"))
+    files = JobFiles(tmp_path / "state")
+    proc = subprocess.Popen([str(WRAPPER), "--state-dir", str(files.root), "--", sys.executable, "-c", COUNTING_CHILD],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "child.ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGUSR2)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.SUSPENDED, out
+    assert (tmp_path / "child.count").read_text() == "1"
+    sig = [e for e in read_events(files.events) if e["event"] == "signal"]
+    assert [e.get("ignored") for e in sig] == [None, "a stop is already pending"], sig
+
+    # 2. Signals from the end of training until the processes exit: the run is DONE, under the wrapper ...
+    small = ["--epochs", "1", "--samples", "64", "--batch-size", "16", "--hidden", "8"]
+    run = start(tmp_path / "late", extra=small)
+    sent = _spam_until_exit(run.proc, run.files.events)
+    assert sent > 0 and run.proc.returncode == ExitCode.DONE, run.output()
+    assert json.loads(run.files.status.read_text())["outcome"] == "done"
+    assert HASH_RE.search(run.output())
+
+    # ... and for the training process alone (its interpreter teardown restores SIGUSR2's default action)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    env.update(GANDIVA_STATE_DIR=str(alone))
+    child = subprocess.Popen([sys.executable, str(TRAIN), *small], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    sent = _spam_until_exit(child, JobFiles(alone).events)
+    out = child.stdout.read() if child.stdout else ""
+    assert sent > 0 and child.returncode == 0, out

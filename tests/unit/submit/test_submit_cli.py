@@ -83,7 +83,8 @@ def test_good_request_is_held_marked_and_spec_written(cluster: dict[str, str], t
     ):
         assert must in opts
     assert opts[:4] == ["-p", "gpu", "-o", "log.txt"]
-    assert [o for o in opts if o.startswith("--gres")] == ["--gres=gpu:1"]  # untyped: see sbatch_options
+    # no gres at all: the controller sets typed per-GPU gres (whole or shards) before the first start
+    assert not [o for o in opts if o.startswith(("--gres", "--gpus", "-G"))]
     assert req.as_user is None  # as the caller
     jobs = tmp_path / "jobs"
     assert f'export GANDIVA_STATE_DIR={jobs}/"$SLURM_JOB_ID"' in req.script

@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 
 from job_wrapper.cli import parse_config
-from job_wrapper.launcher import UsageError, WrapperConfig, allocated_gpus, child_env, decide_outcome, plan_ranks
+from job_wrapper.launcher import (
+    UsageError,
+    WrapperConfig,
+    _State,
+    allocated_gpus,
+    child_env,
+    decide_outcome,
+    gpu_env_var,
+    plan_ranks,
+    suspend_action,
+)
 from slurm_gandiva.requeue.contract import ExitCode
 
 
@@ -25,6 +35,35 @@ from slurm_gandiva.requeue.contract import ExitCode
 )
 def test_allocated_gpus(env: dict[str, str], gpus: tuple[str, ...]) -> None:
     assert allocated_gpus(env) == gpus
+    var = gpu_env_var(env)
+    assert (var is None) == (gpus == ()) and (var is None or env[var].strip().startswith(gpus[0]))
+
+
+class _Child:
+    """A stand-in for subprocess.Popen: running (returncode None) or exited."""
+
+    def __init__(self, returncode: int | None) -> None:
+        self.returncode = returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+@pytest.mark.parametrize(
+    "codes, pending, done, expected",
+    [
+        ([None, None], False, False, None),  # first signal while training: forward it
+        ([None, None], True, False, "a stop is already pending"),  # the controller signalled again
+        ([0, None], False, False, "training is done"),  # rank 0 finished, rank 1 about to
+        ([None], False, True, "training is done"),  # progress says done, the child is tearing down
+        ([75, 75], False, False, "no training process is running"),
+    ],
+)
+def test_suspend_action_forwards_only_the_first_signal_while_training(
+    codes: list[int | None], pending: bool, done: bool, expected: str | None
+) -> None:
+    st = _State(children=[_Child(c) for c in codes], stop_pending=pending)  # type: ignore[misc]
+    assert suspend_action(st, lambda: done) == expected
 
 
 def test_plan_ranks() -> None:

@@ -205,3 +205,19 @@ def test_step_samples_counts_outside_batches(tmp_path: Path) -> None:
     job.step(samples=10)
     job.step()
     assert (job.global_step, job.samples_done, job.epoch) == (2, 10, 0)
+
+
+def test_once_training_is_over_the_signal_is_ignored(tmp_path: Path) -> None:
+    """Done or suspended, the process ignores later signals: at interpreter teardown Python would restore the
+    default action (terminate), so a late signal would turn a finished run into a failed one."""
+    train(tmp_path / "done")
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+    os.kill(os.getpid(), signal.SIGUSR2)  # ignored: the test process lives on
+    with pytest.raises(SystemExit):
+        train(tmp_path / "cut", suspend_after=2)
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+    # while training the signal is handled (a flag), never ignored
+    model, opt, _ = make()
+    job = Session(model, opt, state_dir=tmp_path / "live", progress_interval=60)
+    assert signal.getsignal(signal.SIGUSR2) == job._on_signal
+    job._close("done")
