@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_suspend)
 
     for name, helptext in (
-        ("resume", "start a held job on these GPUs (Slurm picks them for an untyped gpu:N job)"),
+        ("resume", "start or resume a held job on exactly these GPUs"),
         ("migrate", "suspend a job and resume it on these GPUs (same count)"),
     ):
         p = sub.add_parser(name, help=helptext)

@@ -128,7 +128,8 @@ def test_suspended_three_times_and_moved_gives_the_uninterrupted_hash(
     # Steps slow enough (0.1 s) that each slice trains a little while, however loaded the machine is.
     args = ["--epochs", "15", "--samples", "256", "--batch-size", "16", "--sleep-per-step", "0.1"]
     ref = reference_hash(tmp_path / "ref", args)
-    # An untyped count, as `gandiva sbatch` submits; every placement below is an exact GPU.
+    # An untyped count (a plain `sbatch --gres=gpu:1` job; `gandiva sbatch` submits none): every placement
+    # below is still an exact GPU.
     job_id = submit(slurm, test_user, job_dir, "h3-hash", args, gpus=1, gres="gpu:1")
     cleanup_jobs.append(job_id)
     files = JobFiles(job_dir / job_id)
