@@ -242,10 +242,13 @@ class JobSpec:
     total_work: float | None = None  # work units to finish, when known
     name: str = ""
     model: str = ""  # scaling-table name, when known
+    max_nodes: int | None = None  # most nodes one placement may span (None: any; the job wrapper runs on 1)
 
     def __post_init__(self) -> None:
         if self.min_gpus < 1 or self.max_gpus < self.min_gpus:
             raise ValueError(f"job {self.job_id}: bad GPU range {self.min_gpus}:{self.max_gpus}")
+        if self.max_nodes is not None and self.max_nodes < 1:
+            raise ValueError(f"job {self.job_id}: max_nodes must be at least 1, not {self.max_nodes}")
 
     @property
     def elastic(self) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 # A measurement taken this soon after a slice started still contains start-up time; ignore it.
 RATE_WARMUP_S = 2.0
+# The most seconds a slice's start-up (Slurm start to first progress report) is kept out of its age.
+STARTUP_GRACE_S = 60.0
+# The job wrapper runs a job's processes on one node, so no managed job may span nodes.
+WRAPPER_MAX_NODES = 1
 
 
 class ProgressLike(Protocol):
@@ -162,6 +166,26 @@ def with_prior(table: RateTable, speedup: Mapping[int, float]) -> RateTable:
     return out
 
 
+def training_start(started: float, progress: ProgressLike | None, rates: Iterable[RateRecord], now: float) -> float:
+    """When a running job's slice began for min-slice / quantum accounting: when it first reported
+    progress after `started` (its slice's start), so that start-up (10-20 s of process launch and torch
+    import) does not eat the policy's minimum slice; `started` while it has not reported yet.
+
+    progress.json only holds the latest report, so the first one is taken as the earliest rate recorded
+    since `started` (rates are recorded every introspect interval: at most that late), else the report
+    itself while the job is not measured yet. Start-up counts as at most `STARTUP_GRACE_S`, so a job
+    whose reports are never measured is still time-sliced.
+    """
+    firsts = [r.at for r in rates if r.at >= started]
+    if firsts:
+        first = min(firsts)
+    elif progress is not None and progress.updated > started:
+        first = progress.updated
+    else:
+        return started
+    return max(started, min(first, started + STARTUP_GRACE_S, now))
+
+
 def topology_for(base: Topology, nodes: Iterable[SlurmNode], foreign: Mapping[str, set[int]]) -> Topology:
     """The topology with Slurm's node health, minus GPUs that unmanaged jobs hold."""
     by_name = {n.name: n for n in nodes}
@@ -203,10 +227,9 @@ def job_from(inp: JobInputs, topology: Topology, now: float) -> Job:
     prog = inp.progress
     total = spec.total_work
     if total is None and prog is not None and prog.total_samples:
-        spec = JobSpec(
-            spec.job_id, spec.user, spec.min_gpus, spec.max_gpus, spec.submit_time,
-            float(prog.total_samples), spec.name, spec.model,
-        )
+        spec = replace(spec, total_work=float(prog.total_samples))
+    if spec.max_nodes != WRAPPER_MAX_NODES:
+        spec = replace(spec, max_nodes=WRAPPER_MAX_NODES)
     rates = rate_table(inp.rates)
     measured: float | None = None
     slice_start = open_slice.start if (open_slice and state is JobState.RUNNING) else None
@@ -221,8 +244,9 @@ def job_from(inp: JobInputs, topology: Topology, now: float) -> Job:
             rates = rates.with_rate(placement.count, loc, measured)
     if inp.speedup:
         rates = with_prior(rates, inp.speedup)
-    if state is JobState.RUNNING and slice_start is None:
-        slice_start = sj.start_time or now
+    if state is JobState.RUNNING:
+        base = slice_start if slice_start is not None else (sj.start_time or now)
+        slice_start = training_start(base, prog, inp.rates, now)
     return Job(
         spec=spec,
         state=state,

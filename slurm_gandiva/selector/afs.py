@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from slurm_gandiva.model import ClusterView, Job, JobState
 from slurm_gandiva.plan import Plan
-from slurm_gandiva.selector.common import Memo, Speeds, active_jobs, capacity, clamp, slice_age
+from slurm_gandiva.selector.common import Memo, Speeds, active_jobs, capacity, clamp, gpu_limit, slice_age
 from slurm_gandiva.selector.placement import realize
 
 _MIN_GAIN = 1.0 + 1e-6  # a GPU that speeds a job up by less than this stays spare
@@ -69,14 +69,17 @@ def afs_counts(
     floors: dict[str, int] | None = None,
     priority: Sequence[Job] | None = None,
     frozen: frozenset[str] = frozenset(),
+    limit: Callable[[Job], int] | None = None,
 ) -> dict[str, int]:
     """GPU counts by the AFS rule for `jobs` on `cap` GPUs.
 
     `floors` are counts some jobs must keep (pinned slices, AFS-P leases); `priority` is the order in
     which jobs get their minimum when the GPUs do not cover every job (default: AFS-L's least remaining
     time on the minimum, or AFS-P's least-scheduled order when `pessimistic`); `frozen` jobs are not
-    handed spare GPUs (their count stays put for now).
+    handed spare GPUs (their count stays put for now); `limit(job)` is the most GPUs a job can be
+    placed on (default: its maximum; `common.gpu_limit` caps it by the nodes it may span).
     """
+    top = limit if limit is not None else _max_gpus
     floors = floors or {}
     counts: dict[str, int] = {}
     free = cap
@@ -103,7 +106,7 @@ def afs_counts(
     heap = [
         _Entry(j, counts[j.job_id], speeds, pessimistic, tie_rank(seed, j.job_id))
         for j in jobs
-        if counts[j.job_id] < j.spec.max_gpus and j.job_id not in frozen
+        if counts[j.job_id] < top(j) and j.job_id not in frozen
     ]
     heap = [e for e in heap if e.g > _MIN_GAIN]
     heapq.heapify(heap)
@@ -112,11 +115,15 @@ def afs_counts(
         e.alloc += 1
         free -= 1
         counts[e.job.job_id] = e.alloc
-        if e.alloc < e.job.spec.max_gpus:
+        if e.alloc < top(e.job):
             nxt = _Entry(e.job, e.alloc, speeds, pessimistic, e.rank)
             if nxt.g > _MIN_GAIN:
                 heapq.heappush(heap, nxt)
     return counts
+
+
+def _max_gpus(j: Job) -> int:
+    return j.spec.max_gpus
 
 
 def _afsl_key(speeds: Speeds) -> Callable[[Job], tuple[float, float, float, str]]:
@@ -124,6 +131,11 @@ def _afsl_key(speeds: Speeds) -> Callable[[Job], tuple[float, float, float, str]
         return (speeds.remaining(j, j.spec.min_gpus), j.attained_service, j.spec.submit_time, j.job_id)
 
     return key
+
+
+def _limit(view: ClusterView, memo: Memo) -> Callable[[Job], int]:
+    """`gpu_limit` bound to the view's topology: the most GPUs each job's allowed nodes hold."""
+    return lambda j: gpu_limit(j, view.topology, memo)
 
 
 def afsp_key(j: Job) -> tuple[int, float, float, str]:
@@ -154,7 +166,10 @@ class AfsL:
             for j in jobs
             if j.state is JobState.RUNNING and self.min_slice > 0 and slice_age(j, now) < self.min_slice
         }
-        counts = afs_counts(jobs, capacity(view), speeds, pessimistic=False, seed=self.seed, floors=floors)
+        limit = _limit(view, self.memo)
+        counts = afs_counts(
+            jobs, capacity(view), speeds, pessimistic=False, seed=self.seed, floors=floors, limit=limit
+        )
         order = sorted(jobs, key=_afsl_key(speeds))
         targets, _ = realize(view, order, counts, elastic_fallback=True, reason="afs-l", memo=self.memo)
         return targets.plan(view)
@@ -180,7 +195,10 @@ class AfsP:
             for j in sorted(jobs, key=lambda j: (j.slice_start or 0.0, j.job_id))
             if j.state is JobState.RUNNING and slice_age(j, now) < self.lease
         }
-        counts = afs_counts(jobs, capacity(view), speeds, pessimistic=True, seed=self.seed, floors=floors)
+        limit = _limit(view, self.memo)
+        counts = afs_counts(
+            jobs, capacity(view), speeds, pessimistic=True, seed=self.seed, floors=floors, limit=limit
+        )
         order = sorted(jobs, key=afsp_key)
         targets, _ = realize(view, order, counts, elastic_fallback=True, reason="afs-p", memo=self.memo)
         return targets.plan(view)

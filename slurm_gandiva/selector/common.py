@@ -12,8 +12,36 @@ T = TypeVar("T")
 
 
 def active_jobs(view: ClusterView) -> list[Job]:
-    """Jobs that are not finished, in view order."""
-    return [j for j in view.jobs if not j.state.finished]
+    """Jobs that are not finished, in view order, less the waiting jobs whose minimum cannot fit on
+    `max_nodes` of the up nodes (they wait, holding no share of the GPUs, until nodes come back)."""
+    out: list[Job] = []
+    most: list[int] | None = None
+    for j in view.jobs:
+        if j.state.finished:
+            continue
+        if j.spec.max_nodes is not None and j.state.waiting:
+            most = most if most is not None else node_prefix(view.topology)
+            if j.spec.min_gpus > most[min(j.spec.max_nodes, len(most) - 1)]:
+                continue
+        out.append(j)
+    return out
+
+
+def node_prefix(topology: Topology) -> list[int]:
+    """[0, GPUs of the largest up node, of the two largest, ...]: the most GPUs n nodes hold."""
+    sizes = sorted((len(n.gpus) for n in topology.nodes if n.up), reverse=True)
+    out = [0]
+    for s in sizes:
+        out.append(out[-1] + s)
+    return out
+
+
+def gpu_limit(job: Job, topology: Topology, memo: Memo | None = None) -> int:
+    """The most GPUs `job` can hold: its maximum, capped by what `max_nodes` up nodes hold."""
+    if job.spec.max_nodes is None:
+        return job.spec.max_gpus
+    most = memo.per_topology(topology, node_prefix) if memo is not None else node_prefix(topology)
+    return min(job.spec.max_gpus, most[min(job.spec.max_nodes, len(most) - 1)])
 
 
 def capacity(view: ClusterView) -> int:

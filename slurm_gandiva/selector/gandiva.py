@@ -20,7 +20,16 @@ from typing import ClassVar
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Locality, Placement, Topology, TrialKind
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector.afs import afs_counts, tie_rank
-from slurm_gandiva.selector.common import Memo, Speeds, active_jobs, capacity, clamp, slice_age, wait_since
+from slurm_gandiva.selector.common import (
+    Memo,
+    Speeds,
+    active_jobs,
+    capacity,
+    clamp,
+    gpu_limit,
+    slice_age,
+    wait_since,
+)
 from slurm_gandiva.selector.placement import GpuPool, Targets, realize
 
 
@@ -351,10 +360,11 @@ def _grow(
             continue
         cur = j.placement
         assert cur is not None
-        if cur.shared or j.gpus >= j.spec.max_gpus or slice_age(j, now) < min_slice:
+        top = gpu_limit(j, pool.topology, pool.memo)
+        if cur.shared or j.gpus >= top or slice_age(j, now) < min_slice:
             continue
         k = j.gpus
-        while k < j.spec.max_gpus and k - j.gpus < pool.free_count and speeds.gain(j, k) > 1 + knobs.min_gain:
+        while k < top and k - j.gpus < pool.free_count and speeds.gain(j, k) > 1 + knobs.min_gain:
             k += 1
         if k == j.gpus:
             continue
@@ -481,7 +491,14 @@ class Default:
         # suspend and a resume just when its user waits for the first mini-batches.
         probing = frozenset(j.job_id for j in young if j.times_scheduled <= 1) | {j.job_id for j in fresh}
         counts = afs_counts(
-            jobs, capacity(view), speeds, pessimistic=False, seed=self.seed, floors=floors, frozen=probing
+            jobs,
+            capacity(view),
+            speeds,
+            pessimistic=False,
+            seed=self.seed,
+            floors=floors,
+            frozen=probing,
+            limit=lambda j: gpu_limit(j, view.topology, self.memo),
         )
         order = sorted(
             jobs,

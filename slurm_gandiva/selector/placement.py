@@ -3,8 +3,8 @@
 `GpuPool` books GPUs (whole or as shards) and answers "where should a k-GPU job go": nodes whose jobs
 have the same GPU count (same affinity), then free nodes, then nodes of another affinity, and within a
 node the GPUs under one PCIe switch, else one socket, else the node; a job larger than any node's free
-GPUs spans as few nodes as it can. Nodes are indexed by (affinity, free GPUs), so one placement touches
-a handful of nodes, never the whole cluster.
+GPUs spans as few nodes as it can, and waits if that is more than its `max_nodes`. Nodes are indexed
+by (affinity, free GPUs), so one placement touches a handful of nodes, never the whole cluster.
 
 `realize` turns per-job GPU counts into the targets of `Plan.from_targets`: running jobs keep their
 GPUs when their count is unchanged (no needless migrations), shrink in place, grow where they can.
@@ -30,12 +30,15 @@ from slurm_gandiva.model import (
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector.common import Memo
 
-# Relative speed at each locality when the job's own rates say nothing about it (a cautious prior).
+# Relative speed at each locality when the job's own rates say nothing about it (the default locality
+# penalty). It also stands for a better locality that was never measured: a job measured only across
+# sockets is assumed to lose 12% there, which clears Gandiva's 10% `locality_gain`, so it gets a migration
+# trial when GPUs under one switch free up; the trial measures the new rate and reverts if it is not better.
 LOCALITY_PRIOR: Mapping[Locality, float] = {
     Locality.SWITCH: 1.0,
-    Locality.SOCKET: 0.97,
-    Locality.NODE: 0.93,
-    Locality.CROSS_NODE: 0.8,
+    Locality.SOCKET: 0.95,
+    Locality.NODE: 0.88,
+    Locality.CROSS_NODE: 0.75,
 }
 # How much relative speed a job gives up to stay in an earlier affinity tier (limits fragmentation).
 TIER_COST = 0.02
@@ -49,19 +52,27 @@ _MIXED = -1  # affinity key of a node whose jobs have different GPU counts
 def locality_factor(job: Job, gpus: int, locality: Locality) -> float:
     """The job's speed at `locality` relative to its best locality at `gpus` GPUs (1.0 = no loss).
 
-    Measured rates win; otherwise the ratio measured at another GPU count; otherwise `LOCALITY_PRIOR`.
+    Uses the rates measured at `gpus` GPUs, else at the nearest other multi-GPU count; a locality not
+    measured there is estimated from the measured ones with `LOCALITY_PRIOR` (so a rate measured only at
+    a poor locality still shows the loss a better one is expected to save). Nothing measured: the prior.
     """
     if gpus <= 1 or locality is Locality.SWITCH:
         return 1.0
     rates = job.rates.rates
     if rates:
         for k in (gpus, *sorted({k for k, _ in rates if k > 1 and k != gpus}, key=lambda k: abs(k - gpus))):
-            at = rates.get((k, locality))
-            if at is None:
+            measured = {loc: r for loc in Locality if (r := rates.get((k, loc))) is not None and r > 0}
+            if not measured:
                 continue
-            best = max((r for loc in Locality if (r := rates.get((k, loc))) is not None), default=0.0)
-            if best > 0:
-                return min(1.0, at / best)
+            est = dict(measured)
+            for loc in Locality:
+                if loc not in est:  # scale the nearest measured locality (the better one on a tie)
+                    near = min(measured, key=lambda m: (abs(int(m) - int(loc)), int(m)))
+                    guess = measured[near] * LOCALITY_PRIOR[loc] / LOCALITY_PRIOR[near]
+                    # never slower than a worse locality was measured to be
+                    est[loc] = max(guess, max((r for m, r in measured.items() if m > loc), default=0.0))
+            best = max(est.values())
+            return min(1.0, est[locality] / best)
     return LOCALITY_PRIOR[locality]
 
 
@@ -255,8 +266,12 @@ class GpuPool:
                 yield from bucket
 
     def find(self, job: Job, gpus: int) -> Placement | None:
-        """The best whole-GPU placement of `gpus` GPUs for `job` by affinity and locality (not booked)."""
+        """The best whole-GPU placement of `gpus` GPUs for `job` by affinity and locality (not booked),
+        on at most `job.spec.max_nodes` nodes."""
         if gpus <= 0 or gpus > self.free_count:
+            return None
+        max_nodes = job.spec.max_nodes
+        if max_nodes is not None and gpus > max_nodes * self.max_node_gpus:
             return None
         if gpus <= self.max_node_gpus:
             others = sorted(k for k in self._keys if k not in (gpus, _EMPTY))
@@ -279,10 +294,16 @@ class GpuPool:
                         break
             if best is not None:
                 return Placement(tuple(best[1]))
-        return self._find_across(gpus)
+        if max_nodes == 1:
+            return None
+        found = self._find_across(gpus)
+        if found is not None and max_nodes is not None and len(found.nodes) > max_nodes:
+            return None  # the fewest nodes that hold `gpus` free GPUs are still too many
+        return found
 
     def _find_across(self, gpus: int) -> Placement | None:
-        """Span as few nodes as possible: whole free nodes first, then the best-fitting remainder."""
+        """Span as few nodes as possible: whole free nodes first, then the best-fitting remainder
+        (largest first, so no placement of `gpus` free GPUs uses fewer nodes)."""
         chosen: list[GpuRef] = []
         need = gpus
         used: set[str] = set()

@@ -120,3 +120,54 @@ def test_scaling_prior_fills_unmeasured_counts_anchored_to_measurements() -> Non
     inp = JobInputs(running, spec("1", 1, 2), (sl,), (), prog, speedup={1: 1.0, 2: 1.9})
     j = build_view(TOPO, nodes(), [inp], {}, 1011.0).job("1")
     assert j.rates.speedup(2) == 1.9
+
+
+def test_every_managed_job_is_limited_to_one_node() -> None:
+    """The job wrapper runs on one node: observe caps every managed job at one node, whatever its spec."""
+    wide = JobSpec("1", "alice", 2, 8, 1000.0, max_nodes=None)
+    view = build_view(TOPO, nodes(), [JobInputs(sjob("1"), wide)], {}, 1001.0)
+    assert view.job("1").spec.max_nodes == 1
+    # ... so the policies never spread it: 8 GPUs over two 4-GPU nodes waits, 4 starts on one node.
+    from slurm_gandiva.selector import make_policy
+
+    for name in ("gandiva", "default", "afs-l"):
+        plan = make_policy(name).decide(view, 1001.0)
+        assert [len(d.placement.nodes) for d in plan.decisions if d.placement] == [1], name
+
+
+def test_slice_starts_at_the_first_progress_report_not_the_slurm_start() -> None:
+    """Start-up (10-20 s of process launch and torch import) does not count towards the minimum slice."""
+    from slurm_gandiva.controller.observe import STARTUP_GRACE_S
+
+    sl = SliceRecord(1, "1", "alice", 1, pl("n1", 0), 1000.0)
+    running = sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (0,)}, start=1000.0)
+
+    def start(prog: Prog | None, rates: tuple[RateRecord, ...] = (), now: float = 1030.0) -> float | None:
+        return build_view(TOPO, nodes(), [JobInputs(running, spec("1"), (sl,), rates, prog)], {}, now).job(
+            "1"
+        ).slice_start
+
+    assert start(None) == 1000.0  # nothing reported yet: the Slurm start
+    assert start(Prog(samples=64, world_size=1, updated=990.0)) == 1000.0  # a report from the last slice
+    first = Prog(samples=64, samples_per_s=0.0, world_size=1, updated=1016.0)
+    assert start(first) == 1016.0  # reported, not measured yet: the report
+    later = Prog(samples=640, samples_per_s=40.0, world_size=1, updated=1029.0)
+    rates = (
+        RateRecord(1, "1", 1, Locality.SWITCH, 35.0, 900.0),  # an earlier slice's
+        RateRecord(2, "1", 1, Locality.SWITCH, 38.0, 1018.0),
+        RateRecord(3, "1", 1, Locality.SWITCH, 40.0, 1024.0),
+    )
+    assert start(later, rates) == 1018.0  # the first rate measured in this slice
+    assert start(later, rates[:1]) == 1029.0
+    slow = Prog(samples=64, world_size=1, updated=1500.0)  # start-up counts for at most the grace
+    assert start(slow, now=1600.0) == 1000.0 + STARTUP_GRACE_S
+    # With a 20 s quantum, a job 30 s past its Slurm start but 12 s into training keeps its GPU.
+    from slurm_gandiva.selector import make_policy
+
+    waiting = JobInputs(sjob("2", restarts=0, submit=1001.0), spec("2"))
+    for p, kept in ((None, False), (first, True)):
+        inputs = [JobInputs(running, spec("1"), (sl,), (), p), waiting]
+        one_gpu = Topology.uniform(1, 1)
+        view = build_view(one_gpu, nodes()[:1], inputs, {}, 1028.0)
+        plan = make_policy("gandiva", quantum=20.0, pack=False).decide(view, 1028.0)
+        assert (not any(d.job_id == "1" for d in plan.decisions)) is kept, (p, plan)

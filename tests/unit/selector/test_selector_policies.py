@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from slurm_gandiva.errors import ConfigError
@@ -22,7 +24,7 @@ from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.selector import POLICY_NAMES, make_policy
 from slurm_gandiva.selector.afs import afs_counts
 from slurm_gandiva.selector.common import Speeds
-from slurm_gandiva.selector.placement import GpuPool
+from slurm_gandiva.selector.placement import LOCALITY_PRIOR, GpuPool, locality_factor
 
 TWO_BY_FOUR = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)  # per node: switch 0 = GPUs 0,1; 1 = 2,3
 
@@ -57,7 +59,7 @@ def running(jid: str, placement: Placement, *, since: float = 0.0, **kw: object)
         slice_start=since,
         first_start=since,
         times_scheduled=1,
-        **kw,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -124,7 +126,7 @@ def test_time_slice_waits_for_min_slice_then_rotates() -> None:
     a = a.evolve(attained_service=70.0)
     plan = pol.decide(ClusterView(ONE_GPU, (a, b), 70.0), 70.0)
     assert steps(plan) == [("suspend", "a", "-"), ("start", "b", "n1:0")]
-    assert pol.quantum == 60.0
+    assert pol.quantum == 60.0  # type: ignore[attr-defined]
 
 
 def test_time_slice_picks_least_service_then_longest_waiting() -> None:
@@ -354,7 +356,7 @@ def test_registry() -> None:
     for name in POLICY_NAMES:
         pol = make_policy(name)
         assert pol.name == name
-        assert pol.quantum is None or pol.quantum > 0
+        assert pol.quantum is None or pol.quantum > 0  # type: ignore[attr-defined]
     assert make_policy("afs-p", lease=60.0).lease == 60.0  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="unknown policy"):
         make_policy("nope")
@@ -372,3 +374,81 @@ def test_default_does_not_resize_a_job_during_its_probe_slice() -> None:
     assert not pol.decide(started, 60.0)
     plan = pol.decide(ClusterView(topo, started.jobs, 200.0), 200.0)
     assert steps(plan) == [("resize", "b", "n1:0+1+2+3")]  # then AFS hands it the idle GPUs
+
+
+# -- max_nodes: jobs the wrapper runs on one node ------------------------------------------------
+
+
+def one_node(j: Job) -> Job:
+    return j.evolve(spec=replace(j.spec, max_nodes=1))
+
+
+def test_max_nodes_job_is_never_spread_over_nodes() -> None:
+    a, b = running("a", gp("n1", 0, 1)), running("b", gp("n2", 0, 1))  # two free GPUs on each node
+    wide = job("w", 4, submit=1.0)
+    view = ClusterView(TWO_BY_FOUR, (a, b, wide), 10.0)
+    assert place(view, wide, 4) == Placement(gp("n1", 2, 3).gpus + gp("n2", 2, 3).gpus)
+    assert place(view, one_node(wide), 4) is None
+    assert place(view, one_node(wide), 2) == gp("n1", 2, 3)
+    view = ClusterView(TWO_BY_FOUR, (a, b, one_node(wide)), 10.0)
+    for name in POLICY_NAMES:
+        plan = make_policy(name).decide(view, 10.0)
+        assert all(len(d.placement.nodes) == 1 for d in plan.decisions if d.placement), (name, steps(plan))
+
+
+def test_job_too_big_for_its_nodes_waits_without_holding_gpus() -> None:
+    big = one_node(job("big", 6, submit=0.0))  # six GPUs, but a node has four
+    small = job("s", 1, submit=1.0)
+    view = ClusterView(TWO_BY_FOUR, (big, small), 0.0)
+    for name in POLICY_NAMES:
+        plan = make_policy(name).decide(view, 0.0)
+        assert [(d.action.value, d.job_id) for d in plan.decisions] == [("start", "s")], (name, steps(plan))
+
+
+def test_elastic_growth_stops_at_what_its_nodes_hold() -> None:
+    fresh = one_node(job("e", 1, 8))
+    for name in ("afs-l", "afs-p"):
+        plan = make_policy(name).decide(ClusterView(TWO_BY_FOUR, (fresh,), 0.0), 0.0)
+        assert steps(plan) == [("start", "e", "n1:0+1+2+3")], name
+    settled = one_node(running("e", gp("n1", 0), since=0.0, lo=1, hi=8, measured_rate=10.0))
+    settled = settled.evolve(times_scheduled=2)
+    for name in ("default", "gandiva"):
+        plan = make_policy(name).decide(ClusterView(TWO_BY_FOUR, (settled,), 1000.0), 1000.0)
+        [d] = plan.decisions
+        assert d.action is Action.RESIZE and d.placement is not None, (name, steps(plan))
+        assert d.placement.count == 4 and len(d.placement.nodes) == 1, (name, steps(plan))
+
+
+# -- locality loss when only the poor locality was measured --------------------------------------
+
+
+def test_locality_factor_estimates_a_better_locality_never_measured() -> None:
+    poor = job("a", 2, rates=RateTable({(2, Locality.NODE): 50.0}))
+    assert locality_factor(poor, 2, Locality.NODE) == pytest.approx(LOCALITY_PRIOR[Locality.NODE])
+    assert locality_factor(poor, 2, Locality.SWITCH) == 1.0
+    # Measured at both: the measurements decide, unmeasured localities between them add no loss.
+    flat = job("b", 2, rates=RateTable({(2, Locality.SWITCH): 50.0, (2, Locality.NODE): 50.0}))
+    assert locality_factor(flat, 2, Locality.NODE) == 1.0
+    assert locality_factor(flat, 2, Locality.SOCKET) == 1.0
+    hurt = job("c", 2, rates=RateTable({(2, Locality.SWITCH): 50.0, (2, Locality.NODE): 25.0}))
+    assert locality_factor(hurt, 2, Locality.NODE) == pytest.approx(0.5)
+
+
+def test_measured_badly_placed_job_gets_a_migration_trial_and_reverts_if_not_faster() -> None:
+    topo = Topology.uniform(1, 4)  # switch 0 = GPUs 0,1 (socket 0); switch 1 = GPUs 2,3 (socket 1)
+    rates = RateTable({(2, Locality.NODE): 50.0})  # measured only where it is: across switches and sockets
+    a = running("a", gp("n1", 1, 3), since=0.0, measured_rate=50.0, rates=rates)
+    assert a.placement is not None and topo.locality(a.placement.gpus) is Locality.NODE
+    view = ClusterView(topo, (a,), 1000.0)
+    for name in ("gandiva", "default"):
+        pol = make_policy(name)
+        plan = pol.decide(view, 1000.0)
+        assert steps(plan) == [("migrate", "a", "n1:0+1")], name
+        assert plan.decisions[0].trial is TrialKind.MIGRATE
+        moved = plan.apply(view).job("a")
+        moved = moved.evolve(measured_rate=45.0, rates=moved.rates.with_rate(2, Locality.SWITCH, 45.0))
+        later = ClusterView(topo, (moved,), 1300.0)
+        plan = pol.decide(later, 1300.0)
+        assert steps(plan) == [("migrate", "a", "n1:1+3")] and plan.decisions[0].revert, name
+        # Faster under one switch: it stays, and nothing else is tried.
+        assert not pol.decide(ClusterView(topo, (moved.evolve(measured_rate=60.0),), 1300.0), 1300.0)
