@@ -1,0 +1,624 @@
+"""Discrete-event simulator: the controller's observe-decide-act loop over a simulated cluster.
+
+Time is the engine's own virtual clock (seconds from the trace start); nothing here reads a real clock.
+Events are arrivals, completions and, while jobs wait (or a trial runs), re-decisions every
+`policy.quantum` seconds (or, when the policy has `next_decision(view, now) -> float | None`, at the
+time that returns after each call: None = only on events). At each event the engine builds the same
+`ClusterView` the controller builds (measured rates = the model's true rate at the job's current
+placement), calls the very same policy object, checks the plan (no GPU booked twice, counts within
+range, up nodes only) and applies it with `plan.apply_decision`, the bookkeeping the controller uses,
+charging modelled overheads:
+
+- A job that starts, resumes, migrates, resizes, packs or unpacks holds its new GPUs but makes no
+  progress for the action's cost (`Overheads`).
+- GPUs given up by a suspend (or left behind by a migrate/resize) stay busy for the suspend cost
+  (the checkpoint is being written): a job placed on them waits for that first.
+- A packed job runs `interference` slower while another job holds a shard of one of its GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from slurm_gandiva.errors import ConfigError
+from slurm_gandiva.model import ClusterView, Job, JobSpec, JobState, Placement, RateTable, Topology
+from slurm_gandiva.plan import Action, Decision, Plan, apply_decision
+from slurm_gandiva.selector.base import Policy
+from slurm_gandiva.sim.models import MODEL_NAMES, ModelProfile, SpeedModel, load_profiles
+from slurm_gandiva.sim.trace import Trace
+
+# Policies that get elastic jobs (a GPU range) unless the policy says otherwise with `elastic`.
+ELASTIC_POLICIES = frozenset({"afs-l", "afs-p", "default"})
+REQUEUE_RESULTS = Path("benchmarks") / "results" / "requeue.json"
+_EPS = 1e-9
+# GPUs are keyed (node, index) inside the engine: tuples of str and int hash in C, GpuRef's generated
+# __hash__ runs Python code, and the engine looks GPUs up millions of times on long traces.
+_Key = tuple[str, int]
+
+
+class PlanRejected(RuntimeError):
+    """A policy returned a plan that cannot be carried out (a policy bug, not a user error)."""
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Seconds without progress that each mechanism costs (see the module docstring).
+
+    The guesses (`source="guess"`) stand in until benchmarks/results/requeue.json holds figures
+    measured on the real cluster; `migrate`, `resize` and `pack` default to suspend + resume.
+    """
+
+    start: float = 0.0
+    suspend: float = 5.0
+    resume: float = 10.0
+    migrate: float | None = None
+    resize: float | None = None
+    pack: float | None = None
+    source: str = "guess"
+
+    def cost(self, action: Action) -> float:
+        """Dead time of the job that undergoes `action`."""
+        both = self.suspend + self.resume
+        if action is Action.START:
+            return self.start
+        if action is Action.RESUME:
+            return self.resume
+        if action is Action.RESIZE:
+            return self.resize if self.resize is not None else both
+        if action in (Action.PACK, Action.UNPACK):
+            return self.pack if self.pack is not None else both
+        if action is Action.MIGRATE:
+            return self.migrate if self.migrate is not None else both
+        return 0.0
+
+    @staticmethod
+    def from_file(path: str | Path) -> Overheads:
+        """Read measured costs: top-level keys start/suspend/resume/migrate/resize/pack, each a number
+        of seconds or an object with one of median, p50, mean, seconds (first found wins)."""
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read overheads from {p}: {exc}; fix or remove the file") from exc
+        if isinstance(data, dict) and isinstance(data.get("overheads"), dict):
+            data = data["overheads"]
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a JSON object of overheads")
+        values: dict[str, float] = {}
+        for key in ("start", "suspend", "resume", "migrate", "resize", "pack"):
+            v = data.get(key, data.get(f"{key}_s"))
+            if isinstance(v, dict):
+                v = next((v[k] for k in ("median", "p50", "mean", "seconds") if k in v), None)
+            if v is None:
+                continue
+            if not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(f"{p}: overhead {key} must be a number of seconds >= 0, got {v!r}")
+            values[key] = float(v)
+        return replace(Overheads(), source=str(p), **values)  # type: ignore[arg-type]
+
+    @staticmethod
+    def default(search: Iterable[Path] | None = None) -> Overheads:
+        """Measured figures from the first requeue.json found under `search` (default: the current
+        directory, then the source checkout this package runs from), else the guesses."""
+        if search is None:
+            search = (Path.cwd(), Path(__file__).resolve().parents[2])
+        for base in search:
+            cand = base / REQUEUE_RESULTS
+            if cand.is_file():
+                return Overheads.from_file(cand)
+        return Overheads()
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated cluster and the model parameters."""
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    gpus_per_switch: int = 2
+    sockets: int = 2
+    shards: int = 2
+    overheads: Overheads = field(default_factory=Overheads)
+    locality_penalty: float = 0.05
+    interference: float = 0.3
+    seed: int = 0
+    elastic: bool | None = None  # None: ask the policy (its `elastic` attribute, else ELASTIC_POLICIES)
+    feedback_batches: int = 100
+    max_time: float | None = None  # stop the simulation here (jobs left unfinished are reported)
+
+    def topology(self) -> Topology:
+        return Topology.uniform(
+            self.nodes,
+            self.gpus_per_node,
+            gpus_per_switch=self.gpus_per_switch,
+            sockets=self.sockets,
+            shards=self.shards,
+        )
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What happened to one job; times are absolute simulated seconds."""
+
+    job_id: str
+    model: str
+    gpus: int  # asked for by the trace
+    min_gpus: int
+    max_gpus: int
+    submit: float
+    first_start: float | None
+    finish: float | None
+    first_feedback: float | None  # when its first `feedback_batches` mini-batches were done
+    suspends: int
+    migrations: int
+    resizes: int
+    packs: int
+    gpu_seconds: float  # GPU time held (whole GPU or shard), overheads included
+    overhead_seconds: float  # time held without progress
+
+    @property
+    def jct(self) -> float | None:
+        return None if self.finish is None else self.finish - self.submit
+
+    @property
+    def queueing_delay(self) -> float | None:
+        return None if self.first_start is None else self.first_start - self.submit
+
+    @property
+    def time_to_feedback(self) -> float | None:
+        return None if self.first_feedback is None else self.first_feedback - self.submit
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Cluster state right after a decision (for the plots)."""
+
+    time: float
+    gpus_busy: int
+    running: int
+    waiting: int
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One simulation run."""
+
+    policy: str
+    trace: str
+    total_gpus: int
+    elastic: bool
+    overheads: Overheads
+    jobs: tuple[JobResult, ...]
+    samples: tuple[Sample, ...]
+    end_time: float
+    decisions: int  # policy calls
+    actions: int  # decisions carried out
+
+    @property
+    def finished(self) -> tuple[JobResult, ...]:
+        return tuple(j for j in self.jobs if j.finish is not None)
+
+
+class _Rec:
+    """The engine's mutable state of one job (never leaves the engine)."""
+
+    __slots__ = (
+        "asked",
+        "dead_until",
+        "finish",
+        "first100",
+        "job",
+        "migrations",
+        "overhead",
+        "packs",
+        "progress",
+        "rate",
+        "resizes",
+        "service",
+        "speed",
+        "step_rate",
+        "steps",
+        "suspends",
+        "total",
+    )
+
+    def __init__(self, job: Job, speed: SpeedModel, total: float, asked: int) -> None:
+        self.job = job
+        self.asked = asked
+        self.speed = speed
+        self.total = total
+        self.rate = 0.0  # samples/s at the current placement (0 when not running)
+        self.step_rate = 0.0  # mini-batches/s
+        self.dead_until = 0.0
+        self.steps = 0.0
+        self.progress = 0.0  # samples done (the Job snapshot is synced at each decision)
+        self.service = 0.0
+        self.overhead = 0.0
+        self.first100: float | None = None
+        self.finish: float | None = None
+        self.suspends = self.migrations = self.resizes = self.packs = 0
+
+    def completion_time(self, now: float) -> float:
+        if self.rate <= 0:
+            return math.inf
+        return max(now, self.dead_until) + max(0.0, self.total - self.progress) / self.rate
+
+
+ProgressFn = Callable[[int, int, float], None]
+
+
+class Simulator:
+    """Runs one policy over one trace. Deterministic for a seed (the model draw uses `config.seed`)."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        policy: Policy,
+        config: SimConfig | None = None,
+        *,
+        profiles: Mapping[str, ModelProfile] | None = None,
+        check_plans: bool = True,
+    ) -> None:
+        self.trace = trace
+        self.policy = policy
+        self.config = config or SimConfig()
+        self.topology = self.config.topology()
+        self.profiles = dict(profiles) if profiles is not None else load_profiles()
+        self.check_plans = check_plans
+        elastic = self.config.elastic
+        if elastic is None:
+            flag = getattr(policy, "elastic", None)
+            elastic = bool(flag) if flag is not None else policy.name in ELASTIC_POLICIES
+        self.elastic = elastic
+        self._tables: dict[tuple[str, int], RateTable] = {}
+        self._useful: dict[str, int] = {}
+        self._speeds = {
+            n: SpeedModel(p, self.topology, self.config.locality_penalty, self.config.interference)
+            for n, p in self.profiles.items()
+        }
+
+    # ---- set-up -------------------------------------------------------------------------------
+
+    def _table(self, model: str, max_gpus: int) -> RateTable:
+        key = (model, max_gpus)
+        if key not in self._tables:
+            self._tables[key] = self._speeds[model].rate_table(max_gpus)
+        return self._tables[key]
+
+    def make_jobs(self) -> list[_Rec]:
+        """Give each trace job a model (seeded), a GPU range and its total work."""
+        rng = random.Random(self.config.seed)
+        total_gpus = self.topology.total_gpus
+        names = sorted(n for n in self.profiles if n in MODEL_NAMES) or sorted(self.profiles)
+        out = []
+        for tj in self.trace.jobs:
+            model = tj.model if tj.model is not None else rng.choice(names)
+            speed = self._speeds[model]
+            asked = min(tj.gpus, total_gpus)
+            if self.elastic:
+                if model not in self._useful:
+                    self._useful[model] = speed.max_useful_gpus(total_gpus)
+                hi = min(tj.max_gpus or self._useful[model], total_gpus)
+                lo = 1
+            else:
+                lo = hi = asked
+            total = tj.duration * speed.best_rate(asked)
+            spec = JobSpec(
+                job_id=tj.job_id,
+                user=tj.user,
+                min_gpus=lo,
+                max_gpus=max(lo, hi),
+                submit_time=tj.submit_time,
+                total_work=total,
+                name=tj.job_id,
+                model=model,
+            )
+            job = Job(spec, rates=self._table(model, max(lo, hi, asked)))
+            out.append(_Rec(job, speed, total, asked))
+        return out
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def run(self, progress: ProgressFn | None = None) -> SimResult:
+        recs = self.make_jobs()
+        n = len(recs)
+        quantum = getattr(self.policy, "quantum", None)
+        wake_hook: Callable[[ClusterView, float], float | None] | None = getattr(self.policy, "next_decision", None)
+        wake: float | None = None
+        feedback = self.config.feedback_batches
+        active: dict[str, _Rec] = {}
+        running: dict[str, _Rec] = {}
+        whole: dict[_Key, str] = {}
+        shards: dict[_Key, set[str]] = {}
+        busy_until: dict[_Key, float] = {}
+        samples: list[Sample] = []
+        t = recs[0].job.spec.submit_time if recs else 0.0
+        nxt = 0  # next arrival
+        done = 0
+        decisions = actions = 0
+        last_decision = -math.inf
+        changed = False
+        max_time = self.config.max_time if self.config.max_time is not None else math.inf
+
+        while done < n:
+            # --- next event time
+            t_arr = recs[nxt].job.spec.submit_time if nxt < n else math.inf
+            t_done = min((r.completion_time(t) for r in running.values()), default=math.inf)
+            waiting = len(active) - len(running)
+            if wake_hook is not None:
+                ticking = wake is not None
+                t_tick = max(wake, t) if wake is not None else math.inf
+            else:
+                ticking = quantum is not None and (
+                    waiting > 0 or any(r.job.trial is not None for r in running.values())
+                )
+                t_tick = max(last_decision + quantum, t) if ticking and quantum is not None else math.inf
+            t_next = min(t_arr, t_done, t_tick)
+            if t_next == math.inf or t_next > max_time:
+                if t_next != math.inf:
+                    self._advance(running.values(), t, max_time, feedback)
+                    t = max_time
+                break  # nothing can happen any more (or out of time): the rest stays unfinished
+            # --- advance progress to t_next
+            self._advance(running.values(), t, t_next, feedback)
+            t = t_next
+            # --- completions
+            finished = [r for r in running.values() if r.completion_time(t) <= t + _EPS * max(1.0, t)]
+            if finished:
+                touched: set[_Key] = set()
+                for r in finished:
+                    jid = r.job.job_id
+                    assert r.job.placement is not None
+                    touched.update(self._free(jid, r.job.placement, whole, shards))
+                    r.finish = t
+                    r.progress = r.total
+                    r.job = replace(r.job, state=JobState.DONE, progress=r.total, placement=None, slice_start=None)
+                    if r.first100 is None:
+                        r.first100 = t
+                    r.rate = r.step_rate = 0.0
+                    del running[jid]
+                    del active[jid]
+                    done += 1
+                self._refresh_rates((), touched, running, shards)
+                changed = True
+            # --- arrivals
+            while nxt < n and recs[nxt].job.spec.submit_time <= t:
+                r = recs[nxt]
+                active[r.job.job_id] = r
+                nxt += 1
+                changed = True
+            if not active or (not changed and t < t_tick):
+                if finished:
+                    samples.append(Sample(t, len(whole) + len(shards), len(running), len(active) - len(running)))
+                changed = False
+                continue
+            # --- decide
+            for r in running.values():
+                r.job = _synced(r.job, min(r.progress, r.total), r.service, r.rate if t >= r.dead_until else None)
+            view = ClusterView(self.topology, tuple(r.job for r in active.values()), t)
+            plan = self.policy.decide(view, t)
+            decisions += 1
+            last_decision = t
+            if wake_hook is not None:
+                wake = wake_hook(view, t)
+                if wake is not None and not wake > t:
+                    raise PlanRejected(f"{self.policy.name}: next_decision returned {wake}, not after now ({t})")
+            changed = False
+            if plan:
+                actions += len(plan)
+                self._apply(plan, active, running, whole, shards, busy_until, t)
+            samples.append(Sample(t, len(whole) + len(shards), len(running), len(active) - len(running)))
+            if progress is not None:
+                progress(done, n, t)
+            if not plan and not running and nxt >= n:
+                break  # nothing runs, nothing arrives, the policy starts nothing: the rest is stuck
+        if progress is not None:
+            progress(done, n, t)
+        results = tuple(self._result(r) for r in recs)
+        return SimResult(
+            policy=self.policy.name,
+            trace=self.trace.name,
+            total_gpus=self.topology.total_gpus,
+            elastic=self.elastic,
+            overheads=self.config.overheads,
+            jobs=results,
+            samples=tuple(samples),
+            end_time=t,
+            decisions=decisions,
+            actions=actions,
+        )
+
+    @staticmethod
+    def _advance(recs: Iterable[_Rec], t0: float, t1: float, feedback: int) -> None:
+        for r in recs:
+            held = t1 - t0
+            gpus = r.job.gpus
+            r.service += gpus * held
+            begin = max(t0, r.dead_until)
+            productive = t1 - begin
+            if productive <= 0:
+                r.overhead += held
+                continue
+            r.overhead += held - productive
+            r.progress += r.rate * productive
+            before = r.steps
+            r.steps += r.step_rate * productive
+            if r.first100 is None and r.steps >= feedback:
+                r.first100 = begin + (feedback - before) / r.step_rate
+
+    @staticmethod
+    def _free(jid: str, p: Placement, whole: dict[_Key, str], shards: dict[_Key, set[str]]) -> list[_Key]:
+        keys = [(g.node, g.index) for g in p.gpus]
+        for k in keys:
+            if p.shared:
+                holders = shards.get(k)
+                if holders is not None:
+                    holders.discard(jid)
+                    if not holders:
+                        del shards[k]
+            elif whole.get(k) == jid:
+                del whole[k]
+        return keys
+
+    def _refresh_rates(
+        self,
+        moved: Iterable[_Rec],
+        touched: Iterable[_Key],
+        running: dict[str, _Rec],
+        shards: dict[_Key, set[str]],
+    ) -> None:
+        """Recompute the speed of every job that moved, and of packed jobs on a touched GPU (their
+        partner may have come or gone)."""
+        again = {r.job.job_id: r for r in moved}
+        for k in touched:
+            for jid in shards.get(k, ()):
+                again[jid] = running[jid]
+        for r in again.values():
+            p = r.job.placement
+            if p is None:
+                continue
+            rate = r.speed.base_rate(p.gpus)
+            if p.shared and any(len(shards.get((g.node, g.index), ())) > 1 for g in p.gpus):
+                rate *= 1.0 - self.config.interference
+            r.rate = rate
+            r.step_rate = rate / r.speed.profile.batch_size(p.count)
+
+    def _apply(
+        self,
+        plan: Plan,
+        active: dict[str, _Rec],
+        running: dict[str, _Rec],
+        whole: dict[_Key, str],
+        shards: dict[_Key, set[str]],
+        busy_until: dict[_Key, float],
+        t: float,
+    ) -> None:
+        # Two phases: every job named in the plan gives up its old GPUs, then every target is booked.
+        # The plan is judged by the state it leads to, so a chain of moves (a onto b's GPUs while b
+        # moves on) is fine; the GPUs a moving job leaves stay busy for its checkpoint.
+        cost = self.config.overheads
+        suspend_end = t + cost.suspend
+        touched: set[_Key] = set()
+        steps: list[tuple[Decision, _Rec, list[_Key]]] = []
+        for d in plan.decisions:
+            r = active.get(d.job_id)
+            if r is None:
+                raise PlanRejected(
+                    f"{self.policy.name}: decision {d.action.value} for unknown or finished job {d.job_id}"
+                )
+            old = r.job.placement if r.job.state is JobState.RUNNING else None
+            self._check(d, r, old)
+            left: list[_Key] = []
+            if old is not None:
+                left = self._free(d.job_id, old, whole, shards)
+                touched.update(left)
+                for k in left:
+                    if busy_until.get(k, 0.0) < suspend_end:
+                        busy_until[k] = suspend_end
+            steps.append((d, r, left))
+        moved: list[_Rec] = []
+        for d, r, left in steps:
+            r.job = apply_decision(r.job, d, t)
+            a = d.action
+            if a is Action.SUSPEND:
+                r.suspends += 1
+                r.rate = r.step_rate = 0.0
+                del running[d.job_id]
+                continue
+            new = d.placement
+            assert new is not None
+            ready = t
+            mine = set(left)
+            for g in new.gpus:
+                k = (g.node, g.index)
+                self._book(k, new.shared, d.job_id, whole, shards)
+                touched.add(k)
+                if k not in mine:
+                    ready = max(ready, busy_until.get(k, 0.0))
+            r.dead_until = ready + cost.cost(a)
+            running[d.job_id] = r
+            moved.append(r)
+            if a is Action.MIGRATE:
+                r.migrations += 1
+            elif a is Action.RESIZE:
+                r.resizes += 1
+            elif a in (Action.PACK, Action.UNPACK):
+                r.packs += 1
+        self._refresh_rates(moved, touched, running, shards)
+
+    def _check(self, d: Decision, r: _Rec, old: Placement | None) -> None:
+        if d.action is Action.SUSPEND:
+            if old is None:
+                raise PlanRejected(f"{self.policy.name}: suspend of job {d.job_id}, which is not running")
+            return
+        p = d.placement
+        if p is None:
+            raise PlanRejected(f"{self.policy.name}: {d.action.value} of job {d.job_id} without a placement")
+        spec = r.job.spec
+        if not spec.min_gpus <= p.count <= spec.max_gpus:
+            raise PlanRejected(
+                f"{self.policy.name}: job {d.job_id} given {p.count} GPUs, outside {spec.min_gpus}..{spec.max_gpus}"
+            )
+        if self.check_plans:
+            for g in p.gpus:
+                if not self.topology.has_gpu(g):
+                    raise PlanRejected(f"{self.policy.name}: job {d.job_id} placed on unknown GPU {g}")
+                if not self.topology.node(g.node).up:
+                    raise PlanRejected(f"{self.policy.name}: job {d.job_id} placed on down node {g.node}")
+
+    def _book(self, k: _Key, shared: bool, jid: str, whole: dict[_Key, str], shards: dict[_Key, set[str]]) -> None:
+        g = f"{k[0]}:{k[1]}"
+        if shared:
+            if k in whole:
+                raise PlanRejected(f"{self.policy.name}: job {jid} packed onto {g}, which {whole[k]} holds whole")
+            holders = shards.setdefault(k, set())
+            if len(holders) >= self.topology.node(k[0]).shards:
+                raise PlanRejected(f"{self.policy.name}: job {jid} packed onto {g}, whose shards are all taken")
+            holders.add(jid)
+        else:
+            owner = whole.get(k)
+            if owner is not None or k in shards:
+                owner = owner or ",".join(sorted(shards.get(k, ())))
+                raise PlanRejected(f"{self.policy.name}: job {jid} placed on {g}, which job {owner} holds")
+            whole[k] = jid
+
+    def _result(self, r: _Rec) -> JobResult:
+        spec = r.job.spec
+        return JobResult(
+            job_id=spec.job_id,
+            model=spec.model,
+            gpus=r.asked,
+            min_gpus=spec.min_gpus,
+            max_gpus=spec.max_gpus,
+            submit=spec.submit_time,
+            first_start=r.job.first_start,
+            finish=r.finish,
+            first_feedback=r.first100,
+            suspends=r.suspends,
+            migrations=r.migrations,
+            resizes=r.resizes,
+            packs=r.packs,
+            gpu_seconds=r.service,
+            overhead_seconds=r.overhead,
+        )
+
+
+def _synced(job: Job, progress: float, service: float, measured: float | None) -> Job:
+    """`job` with new progress figures and every other field kept.
+
+    This runs for every running job at every decision; copying the instance dict is several times
+    cheaper than dataclasses.replace (which re-runs __init__) and, unlike positional construction,
+    cannot drop a field added to Job later.
+    """
+    new = Job.__new__(Job)
+    d = new.__dict__
+    d.update(job.__dict__)
+    d["progress"] = progress
+    d["attained_service"] = service
+    d["measured_rate"] = measured
+    return new

@@ -1,0 +1,98 @@
+"""`gandiva simulate` end to end with the real policies (the same objects the controller uses)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_gandiva.cli import main
+from slurm_gandiva.sim.cli import ProgressBar, make_named_policy, parse_params
+
+TRACE = "job_id,submit_time,duration,gpus,model\na,0,100,1,cifar10\nb,10,50,1,cifar10\nc,20,30,2,imagenet\n"
+
+
+def test_single_policy_summary_and_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tr = tmp_path / "t.csv"
+    tr.write_text(TRACE)
+    out = tmp_path / "out"
+    costs = ["--start-cost", "0", "--suspend-cost", "0", "--resume-cost", "0", "--out", str(out)]
+    rc = main(["simulate", "--trace", str(tr), "--gpus", "1", "--gpus-per-node", "1", "--policy", "fifo", *costs])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert captured.out.splitlines()[0].startswith("policy")
+    assert "fifo" in captured.out and "3/3" in captured.out
+    assert "3/3 jobs" in captured.err  # the progress bar
+    summary = json.loads((out / "fifo.summary.json").read_text())
+    # FIFO on one GPU: a 0-100, b 100-150, c (2 GPUs asked, clamped to 1) 150-180 -> JCTs 100, 140, 160
+    assert summary["summary"]["avg_jct"] == pytest.approx((100 + 140 + 160) / 3)
+    assert summary["elastic"] is False
+    assert {p.name for p in out.iterdir()} >= {"fifo.jobs.csv", "fifo.timeline.csv", "fifo.timeline.png", "jct_cdf.png"}
+
+
+def test_compare_prints_ratios_to_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tr = tmp_path / "t.json"
+    tr.write_text(
+        json.dumps([{"submit_time": i * 30, "duration": 600, "gpus": 1 + i % 2, "model": "bert"} for i in range(8)])
+    )
+    rc = main(["simulate", "--trace", str(tr), "--gpus", "4", "--compare", "fifo,afs-l,default", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split()}
+    assert {"fifo", "afs-l", "default"} <= set(rows)
+    assert "x)" in rows["fifo"] and "x)" not in rows["default"]
+    assert "ratios: each figure over default's" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpus", "10"], "multiple of --gpus-per-node"),
+        (["--policy", "nope"], "unknown policy 'nope'"),
+        (["--vc", "zzz"], "no jobs for virtual cluster"),
+        (["--param", "oops"], "KEY=VALUE"),
+        (["--policy", "fifo", "--param", "bogus=1"], "no parameter bogus"),
+    ],
+)
+def test_errors_are_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["simulate", "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_policy_factory_passes_seed_and_params() -> None:
+    assert parse_params(["quantum=120", "backfill=true", "lease=none", "x=abc"]) == {
+        "quantum": 120,
+        "backfill": True,
+        "lease": None,
+        "x": "abc",
+    }
+    afs = make_named_policy("afs-p", seed=5)
+    assert afs.seed == 5
+    assert make_named_policy("fifo", seed=5, params={"backfill": True}).backfill is True
+
+
+class FakeTty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_redraws_on_a_tty_and_logs_tenths_elsewhere() -> None:
+    clock = iter([0.0, 0.05, 1.0, 2.0]).__next__
+    tty = FakeTty()
+    bar = ProgressBar("x", tty, interval=0.2, clock=clock)
+    bar(0, 10, 0.0)
+    bar(1, 10, 0.0)  # 0.05 s later: skipped
+    bar(5, 10, 3600.0)
+    bar(10, 10, 7200.0)
+    out = tty.getvalue()
+    assert out.count("\r") == 3 and "1/10" not in out and out.endswith("10/10 jobs, t=2.0 h simulated\n")
+    log = io.StringIO()
+    bar = ProgressBar("x", log)
+    for i in range(101):
+        bar(i, 100, 0.0)
+    assert len(log.getvalue().splitlines()) == 11  # 0%, 10%, ..., 100%
