@@ -63,20 +63,21 @@ class DemoJob:
 
 
 # 12 jobs asking for 18 GPUs at their minimum on an 8-GPU cluster: about 2x oversubscribed. Each is
-# 16-48 s of "GPU time" on its minimum; a slice also pays a torch start-up (5-20 s on 2 busy cores).
+# 32-64 s of "GPU time" on its minimum, longer than a quantum, so slices really rotate; a slice also pays a
+# torch start-up (5-20 s on 2 busy cores).
 WORKLOAD: tuple[DemoJob, ...] = (
-    DemoJob("a1", 1, 1, 80),
-    DemoJob("a2", 1, 1, 110),
-    DemoJob("e1", 1, 2, 130),
-    DemoJob("a3", 1, 1, 80),
-    DemoJob("e2", 1, 4, 160),
-    DemoJob("a4", 1, 1, 100),
-    DemoJob("e3", 1, 2, 120),
-    DemoJob("a5", 1, 1, 90),
-    DemoJob("b1", 2, 2, 130),
-    DemoJob("b3", 2, 2, 160),
-    DemoJob("b2", 2, 2, 110),
-    DemoJob("c1", 4, 4, 160),
+    DemoJob("a1", 1, 1, 160),
+    DemoJob("a2", 1, 1, 220),
+    DemoJob("e1", 1, 2, 260),
+    DemoJob("a3", 1, 1, 160),
+    DemoJob("e2", 1, 4, 320),
+    DemoJob("a4", 1, 1, 200),
+    DemoJob("e3", 1, 2, 240),
+    DemoJob("a5", 1, 1, 180),
+    DemoJob("b1", 2, 2, 260),
+    DemoJob("b3", 2, 2, 320),
+    DemoJob("b2", 2, 2, 220),
+    DemoJob("c1", 4, 4, 320),
 )
 
 
@@ -331,7 +332,7 @@ class Demo:
         port_base: int = DEFAULT_PORT_BASE,
         quantum: float = 30.0,
         tick: float = 3.0,
-        policy: str = "default",
+        policy: str = "gandiva",
         params: Sequence[str] = (),
         user: str = DEMO_USER,
         workload: Sequence[DemoJob] = WORKLOAD,
@@ -611,7 +612,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--quantum", type=float, default=30.0,
                    help="time-slice length in seconds (a slice pays a torch start-up of 5-20 s here)")
     p.add_argument("--tick", type=float, default=3.0, help="controller tick in seconds")
-    p.add_argument("--policy", default="default", help="the controller's policy")
+    p.add_argument("--policy", default="gandiva", help="the controller's policy (gandiva: time-slices)")
     p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
                    help="a policy parameter (repeatable); the demo sets min_slice to the quantum")
     p.add_argument("--user", default=DEMO_USER, help="the non-root user that submits the jobs")
