@@ -174,10 +174,16 @@ class GpuPool:
         """Book `placement` (whole or shards); False, and nothing booked, if any GPU is unavailable."""
         if not self.can_book(placement):
             return False
-        size = placement.count
         touched = dict.fromkeys(g.node for g in placement.gpus)
         for name in touched:
             self._drop_index(name, self._nodes[name])
+        self._take(placement)
+        for name in touched:
+            self._add_index(name, self._nodes[name])
+        return True
+
+    def _take(self, placement: Placement) -> None:
+        """Mark a bookable placement's GPUs (whole or a shard each) and count its size on its nodes."""
         for g in placement.gpus:
             st = self._nodes[g.node]
             if placement.shared:
@@ -188,11 +194,10 @@ class GpuPool:
                 del st.free[g]
                 self._free_total -= 1
                 self._whole.add(g)
-        for name in touched:
-            st = self._nodes[name]
-            st.sizes[size] = st.sizes.get(size, 0) + 1
-            self._add_index(name, st)
-        return True
+        size = placement.count
+        for name in dict.fromkeys(g.node for g in placement.gpus):
+            sizes = self._nodes[name].sizes
+            sizes[size] = sizes.get(size, 0) + 1
 
     def book_many(self, placements: Sequence[Placement]) -> list[bool]:
         """`book` each placement in turn (same answers), rebuilding the node index once at the end."""
@@ -203,20 +208,7 @@ class GpuPool:
             if not self.can_book(placement):
                 out.append(False)
                 continue
-            for g in placement.gpus:
-                st = self._nodes[g.node]
-                if placement.shared:
-                    self._shards[g] = self._shards.get(g, 0) + 1
-                    if st.free.pop(g, None) is not None:
-                        self._free_total -= 1
-                else:
-                    del st.free[g]
-                    self._free_total -= 1
-                    self._whole.add(g)
-            size = placement.count
-            for name in dict.fromkeys(g.node for g in placement.gpus):
-                sizes = self._nodes[name].sizes
-                sizes[size] = sizes.get(size, 0) + 1
+            self._take(placement)
             out.append(True)
         for name, st in self._nodes.items():
             self._add_index(name, st)
