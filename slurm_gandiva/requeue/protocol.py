@@ -262,12 +262,23 @@ class _Run:
         return OpResult(self.job_id, self.op, outcome, tuple(self.steps), placement, detail)
 
 
+# Seconds between a job's incarnation stopping and its next release (see RequeueProtocol): one whole
+# second of credential dating plus margin for clock skew between the controller and slurmd hosts.
+CREDENTIAL_GUARD_S = 1.6
+
+
 class RequeueProtocol:
     """Suspend, resume, migrate and resize jobs through Slurm's held requeue.
 
     Must run as root / SlurmUser (admin holds, updates of other users' jobs). `jobs_root` is the directory
     that holds each job's state directory (<jobs_root>/<job id>); with it, suspend also checks the wrapper's
-    status.json. `clock` and `sleep` are injected (monotonic seconds).
+    status.json. `clock` and `sleep` are injected (monotonic seconds); `wall` is the wall clock Slurm's
+    job credentials are dated by.
+
+    A job is never released within `credential_guard` seconds of its last incarnation stopping: slurmd
+    revokes a killed job's credential and refuses a new launch whose credential is dated (in whole
+    seconds) no later than the revocation; slurmctld then fails the job for good ("Job credential
+    revoked"). Slurm itself delays requeued jobs by cred_expire (120 s); the protocol clears that delay.
     """
 
     def __init__(
@@ -284,8 +295,13 @@ class RequeueProtocol:
         sleep: Callable[[float], None] = time.sleep,
         journal: Journal | None = None,
         jobs_root: str | os.PathLike[str] | None = None,
+        wall: Callable[[], float] = time.time,
+        credential_guard: float = CREDENTIAL_GUARD_S,
     ) -> None:
         self.backend = backend
+        self.wall = wall
+        self.credential_guard = credential_guard
+        self._stopped: dict[str, float] = {}  # job id -> wall time its last incarnation was seen stopped
         self.signal_name = signal_name
         self.suspend_timeout = suspend_timeout
         self.start_timeout = start_timeout
@@ -378,6 +394,7 @@ class RequeueProtocol:
         else:
             run.skip(Step.WAIT_CHECKPOINT, "not signalled")
         self._admin_hold(run, job)
+        self._stopped[job_id] = self.wall()
         detail = ""
         if outcome is Outcome.ESCALATED:
             detail = (
@@ -538,8 +555,9 @@ class RequeueProtocol:
         run.do(Step.CLEAR_BEGIN, lambda: self._update(job_id, "starttime=now", starttime="now"))
 
         def release() -> str:
+            waited = self._credential_wait(job)
             self.backend.release(job_id)
-            return "released"
+            return f"released (after {waited:.1f} s for the old job credential to lapse)" if waited else "released"
 
         run.do(Step.RELEASE, release)
         box: list[SlurmJob] = []
@@ -574,6 +592,18 @@ class RequeueProtocol:
 
         run.do(Step.VERIFY, verify)
         return run.result(Outcome.RUNNING, placement)
+
+    def _credential_wait(self, job: SlurmJob) -> float:
+        """Sleep until `credential_guard` s after the job's last incarnation stopped; the seconds slept."""
+        now = self.wall()
+        last = self._stopped.pop(job.job_id, 0.0)
+        if job.restart_count and now - self.credential_guard <= job.end_time <= now:
+            last = max(last, job.end_time)  # requeued by Slurm itself, or before a controller restart
+        wait = last + self.credential_guard - now
+        if wait <= 0:
+            return 0.0
+        self.sleep(wait)
+        return wait
 
     def _update(self, job_id: str, what: str, **fields: str) -> str:
         self.backend.update(job_id, **fields)

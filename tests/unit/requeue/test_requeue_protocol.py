@@ -59,6 +59,7 @@ def proto(slurm: FakeSlurm, clock: FakeClock, tmp_path: Path, events: list[StepE
         sleep=clock.sleep,
         journal=events.append,
         jobs_root=tmp_path,
+        wall=clock,
     )
 
 
@@ -295,6 +296,21 @@ def test_migrate_suspends_then_resumes_elsewhere(proto: RequeueProtocol, slurm: 
     # Re-running the same migrate is a no-op.
     n = len(slurm.calls)
     assert proto.migrate("7", place("n2", 2, 3)).outcome is Outcome.RUNNING and len(slurm.calls) == n
+
+
+def test_a_stopped_job_is_released_only_after_its_old_credential_lapsed(
+    proto: RequeueProtocol, slurm: FakeSlurm, clock: FakeClock
+) -> None:
+    """slurmd refuses (and slurmctld then fails the job for good) a launch dated in the second its old
+    incarnation was killed: a migrate waits out the guard before releasing; a later resume does not."""
+    slurm.add(FakeJob("7", node="n1", gpus=(0,), req_gres="gpu:g0:1"))
+    res = proto.migrate("7", place("n1", 1))
+    release = res.step(Step.RELEASE) or pytest.fail("no release step")
+    assert "after 1.6 s" in release.detail and release.seconds >= proto.credential_guard - 0.01
+    proto.suspend("7")
+    clock.sleep(60.0)
+    res = proto.resume("7", place("n1", 2))
+    assert (res.step(Step.RELEASE) or pytest.fail()).detail == "released"
 
 
 def test_resize_changes_gpu_count(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
