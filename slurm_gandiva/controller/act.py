@@ -1,7 +1,9 @@
 """act + record: carry a Plan out through the requeue protocol, recording intent before and outcome after.
 
 Suspends run concurrently (each job is signalled and waited for on its own thread, so N suspends take
-about as long as the slowest one); every other decision then runs in plan order. A failing decision is
+about as long as the slowest one). The other decisions then run in waves: a decision waits for the
+decisions of the jobs that still hold any of its target GPUs (a migrate or resize frees them); each wave
+runs concurrently, so N starts cost about one Slurm scheduling pass instead of N. A failing decision is
 logged, recorded as failed and isolated: the rest of the plan still runs, except decisions that would
 take GPUs a job that failed to stop still holds.
 
@@ -178,22 +180,24 @@ class Actor:
                 results.append(r)
                 if not r.ok and held and r.decision.job_id in held:
                     blocked.update(held[r.decision.job_id].gpus)
-        for d in plan.decisions:
-            if d.action is Action.SUSPEND:
-                continue
+        rest = [d for d in plan.decisions if d.action is not Action.SUSPEND]
+        for wave in _waves(rest, held or {}):
             if self.should_stop():
                 log.info("stopping: %d decisions of this plan not started", len(plan) - len(results))
                 break
-            if d.placement is not None and blocked.intersection(d.placement.gpus):
-                detail = "skipped: its GPUs are still held by a job that failed to stop"
-                log.warning("job %s: %s %s", d.job_id, d.action.value, detail)
-                self.store.record_event("skipped", d.job_id, f"{d.action.value}: {detail}", self.clock())
-                results.append(ActResult(d, StoreOutcome.FAILED, detail))
-                continue
-            r = self._one(d)
-            results.append(r)
-            if not r.ok and held and d.job_id in held:
-                blocked.update(held[d.job_id].gpus)
+            runnable: list[Decision] = []
+            for d in wave:
+                if d.placement is not None and blocked.intersection(d.placement.gpus):
+                    detail = "skipped: its GPUs are still held by a job that failed to stop"
+                    log.warning("job %s: %s %s", d.job_id, d.action.value, detail)
+                    self.store.record_event("skipped", d.job_id, f"{d.action.value}: {detail}", self.clock())
+                    results.append(ActResult(d, StoreOutcome.FAILED, detail))
+                else:
+                    runnable.append(d)
+            for r in self._run_all(runnable):
+                results.append(r)
+                if not r.ok and held and r.decision.job_id in held:
+                    blocked.update(held[r.decision.job_id].gpus)
         return tuple(results)
 
     def _intent(self, d: Decision) -> int:
@@ -210,21 +214,26 @@ class Actor:
                 del self._open_steps[key]
 
     def _suspend_all(self, decisions: Iterable[Decision]) -> list[ActResult]:
-        ds = list(decisions)
-        ids = [self._intent(d) for d in ds]
-        if len(ds) == 1:
-            return [self._run(ds[0], ids[0])]
-        with ThreadPoolExecutor(max_workers=min(16, len(ds)), thread_name_prefix="suspend") as pool:
-            futures = [pool.submit(self._run, d, did) for d, did in zip(ds, ids, strict=True)]
-            return [f.result() for f in futures]
+        return self._run_all(list(decisions))
 
-    def _one(self, d: Decision) -> ActResult:
-        try:
-            did = self._intent(d)
-        except Exception as exc:
-            log.exception("job %s: could not record the intent; not acting", d.job_id)
-            return ActResult(d, StoreOutcome.FAILED, f"intent not recorded: {exc}")
-        return self._run(d, did)
+    def _run_all(self, ds: list[Decision]) -> list[ActResult]:
+        """Record every intent, then carry the decisions out concurrently (results in `ds`'s order)."""
+        done: dict[int, ActResult] = {}
+        todo: list[tuple[int, Decision, int]] = []
+        for i, d in enumerate(ds):
+            try:
+                todo.append((i, d, self._intent(d)))
+            except Exception as exc:
+                log.exception("job %s: could not record the intent; not acting", d.job_id)
+                done[i] = ActResult(d, StoreOutcome.FAILED, f"intent not recorded: {exc}")
+        if len(todo) == 1:
+            i, d, did = todo[0]
+            done[i] = self._run(d, did)
+        elif todo:
+            with ThreadPoolExecutor(max_workers=min(16, len(todo)), thread_name_prefix="act") as pool:
+                futures = {i: pool.submit(self._run, d, did) for i, d, did in todo}
+                done.update({i: f.result() for i, f in futures.items()})
+        return [done[i] for i in range(len(ds))]
 
     def _run(self, d: Decision, did: int) -> ActResult:
         """Carry out one decision whose intent is recorded; never raises."""
@@ -329,3 +338,30 @@ class Actor:
             return self.backend.job(job_id).state
         except GandivaError:
             return ""
+
+
+def _waves(decisions: list[Decision], held: dict[str, Placement]) -> list[list[Decision]]:
+    """`decisions` in waves: one waits for the decisions of the jobs that hold its target GPUs now.
+
+    Within a wave no decision targets GPUs held by a job with a decision still to come. A cycle (two
+    jobs swapping GPUs) cannot be ordered: what is left then runs one at a time, in plan order.
+    """
+    acting = {d.job_id for d in decisions}
+    deps: dict[int, set[str]] = {}
+    for i, d in enumerate(decisions):
+        want = set(d.placement.gpus) if d.placement is not None else set()
+        deps[i] = {
+            jid for jid, p in held.items() if jid != d.job_id and jid in acting and want.intersection(p.gpus)
+        }
+    waves: list[list[Decision]] = []
+    left = list(range(len(decisions)))
+    done: set[str] = set()
+    while left:
+        ready = [i for i in left if deps[i] <= done]
+        if not ready:
+            waves.extend([decisions[i]] for i in left)
+            break
+        waves.append([decisions[i] for i in ready])
+        done.update(decisions[i].job_id for i in ready)
+        left = [i for i in left if i not in ready]
+    return waves

@@ -73,6 +73,49 @@ def test_suspends_run_concurrently(store: Store) -> None:
         assert store.get_job(jid).state is JobState.SUSPENDED
 
 
+def test_starts_run_concurrently(store: Store) -> None:
+    backend = setup(store, {}, ["1", "2", "3", "4"])
+    proto = FakeProtocol(backend, delay=0.4)
+    plan = Plan(tuple(Decision(Action.START, j, pl("n1", int(j) - 1)) for j in ("1", "2", "3", "4")))
+    t0 = time.monotonic()
+    res = actor(backend, store, proto).execute(plan)
+    took = time.monotonic() - t0
+    assert [r.decision.job_id for r in res] == ["1", "2", "3", "4"] and all(r.ok for r in res)
+    assert took < 1.2, f"4 starts of 0.4 s took {took:.2f} s: not concurrent"
+    assert all(store.current_slice(j) is not None for j in ("1", "2", "3", "4"))
+
+
+def test_a_start_on_gpus_a_migrating_job_holds_waits_for_the_migration(store: Store) -> None:
+    backend = setup(store, {"1": ("n1", (0, 2))}, ["2"])
+    proto = FakeProtocol(backend, delay=0.3)
+    order: list[tuple[str, str, float]] = []
+    proto.on_call = lambda op, jid: order.append((op, jid, time.monotonic()))
+    plan = Plan(
+        (
+            Decision(Action.MIGRATE, "1", pl("n1", 0, 1)),
+            Decision(Action.START, "2", pl("n1", 2)),  # job 1's GPU until it has moved
+        )
+    )
+    res = actor(backend, store, proto).execute(plan, {"1": pl("n1", 0, 2)})
+    assert all(r.ok for r in res)
+    assert [(op, jid) for op, jid, _ in order] == [("migrate", "1"), ("resume", "2")]
+    assert order[1][2] - order[0][2] >= 0.3, "the start did not wait for the migration to finish"
+
+
+def test_waves_order_dependencies_and_fall_back_to_plan_order_on_a_cycle() -> None:
+    from slurm_gandiva.controller.act import _waves
+
+    held = {"1": pl("n1", 0), "2": pl("n1", 1), "3": pl("n1", 2)}
+    chain = [
+        Decision(Action.MIGRATE, "1", pl("n1", 1)),  # waits for 2
+        Decision(Action.MIGRATE, "2", pl("n1", 3)),
+        Decision(Action.START, "4", pl("n2", 0)),
+    ]
+    assert [[d.job_id for d in w] for w in _waves(chain, held)] == [["2", "4"], ["1"]]
+    swap = [Decision(Action.MIGRATE, "1", pl("n1", 1)), Decision(Action.MIGRATE, "2", pl("n1", 0))]
+    assert [[d.job_id for d in w] for w in _waves(swap, held)] == [["1"], ["2"]]
+
+
 def test_a_failed_decision_is_isolated_and_blocks_only_its_gpus(store: Store) -> None:
     backend = setup(store, {"1": ("n1", (0,)), "2": ("n1", (1,))}, ["3", "4"])
     proto = FakeProtocol(backend, fail=frozenset({"1"}))
