@@ -1,4 +1,5 @@
-"""Helpers shared by the test suite: running commands as another user, waiting for conditions."""
+"""Helpers shared by the test suite: running commands as another user, waiting for conditions, and
+small builders for the domain model."""
 
 from __future__ import annotations
 
@@ -9,9 +10,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
+from slurm_gandiva.model import GpuRef, Placement, Topology
+
 T = TypeVar("T")
 
 TEST_USER = "gandiva-test"
+
+TWO_BY_FOUR = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)  # per node: switch 0 = GPUs 0,1; 1 = 2,3
+
+
+def gp(node: str, *idx: int, shared: bool = False) -> Placement:
+    """A placement on GPUs `idx` of `node` (as shards when `shared`)."""
+    return Placement(tuple(GpuRef(node, i) for i in idx), shared=shared)
 
 
 def ensure_user(name: str = TEST_USER) -> str:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import heapq
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from slurm_gandiva.model import ClusterView, Job, JobState
 from slurm_gandiva.plan import Plan
-from slurm_gandiva.selector.common import Memo, Speeds, active_jobs, capacity, clamp, gpu_limit, slice_age
+from slurm_gandiva.selector.common import Memo, Speeds, active_jobs, capacity, clamp, fill, gpu_limit, slice_age
 from slurm_gandiva.selector.placement import realize
 
 _MIN_GAIN = 1.0 + 1e-6  # a GPU that speeds a job up by less than this stays spare
@@ -91,14 +91,7 @@ def afs_counts(
     if demand >= free:
         if priority is None:
             priority = sorted(jobs, key=afsp_key if pessimistic else _afsl_key(speeds))
-        for j in priority:
-            if j.job_id in counts:
-                continue
-            k = j.spec.min_gpus
-            if k <= free:
-                counts[j.job_id] = k
-                free -= k
-        return counts
+        return fill(priority, free, _min_gpus, counts)[0]
     for j in jobs:
         if j.job_id not in counts:
             counts[j.job_id] = j.spec.min_gpus
@@ -122,6 +115,10 @@ def afs_counts(
     return counts
 
 
+def _min_gpus(j: Job) -> int:
+    return j.spec.min_gpus
+
+
 def _max_gpus(j: Job) -> int:
     return j.spec.max_gpus
 
@@ -136,6 +133,30 @@ def _afsl_key(speeds: Speeds) -> Callable[[Job], tuple[float, float, float, str]
 def _limit(view: ClusterView, memo: Memo) -> Callable[[Job], int]:
     """`gpu_limit` bound to the view's topology: the most GPUs each job's allowed nodes hold."""
     return lambda j: gpu_limit(j, view.topology, memo)
+
+
+def _held(jobs: Iterable[Job], now: float, hold: float) -> dict[str, int]:
+    """The running jobs whose slice is younger than `hold`, at their current count (in `jobs` order)."""
+    return {j.job_id: clamp(j, j.gpus) for j in jobs if j.state is JobState.RUNNING and slice_age(j, now) < hold}
+
+
+def _afs_plan(
+    view: ClusterView,
+    jobs: Sequence[Job],
+    speeds: Speeds,
+    floors: dict[str, int],
+    order: Callable[[Job], tuple[float, float, float, str]],
+    *,
+    pessimistic: bool,
+    seed: int,
+    memo: Memo,
+) -> Plan:
+    """An AFS-L (AFS-P when `pessimistic`) round: counts by `afs_counts` over `floors`, placed in `order`."""
+    limit = _limit(view, memo)
+    counts = afs_counts(jobs, capacity(view), speeds, pessimistic=pessimistic, seed=seed, floors=floors, limit=limit)
+    reason = "afs-p" if pessimistic else "afs-l"
+    targets, _ = realize(view, sorted(jobs, key=order), counts, elastic_fallback=True, reason=reason, memo=memo)
+    return targets.plan(view)
 
 
 def afsp_key(j: Job) -> tuple[int, float, float, str]:
@@ -161,18 +182,10 @@ class AfsL:
     def decide(self, view: ClusterView, now: float) -> Plan:
         jobs = active_jobs(view)
         speeds = Speeds(self.memo)
-        floors = {
-            j.job_id: clamp(j, j.gpus)
-            for j in jobs
-            if j.state is JobState.RUNNING and self.min_slice > 0 and slice_age(j, now) < self.min_slice
-        }
-        limit = _limit(view, self.memo)
-        counts = afs_counts(
-            jobs, capacity(view), speeds, pessimistic=False, seed=self.seed, floors=floors, limit=limit
+        floors = _held(jobs, now, self.min_slice) if self.min_slice > 0 else {}
+        return _afs_plan(
+            view, jobs, speeds, floors, _afsl_key(speeds), pessimistic=False, seed=self.seed, memo=self.memo
         )
-        order = sorted(jobs, key=_afsl_key(speeds))
-        targets, _ = realize(view, order, counts, elastic_fallback=True, reason="afs-l", memo=self.memo)
-        return targets.plan(view)
 
 
 @dataclass(frozen=True)
@@ -189,16 +202,7 @@ class AfsP:
 
     def decide(self, view: ClusterView, now: float) -> Plan:
         jobs = active_jobs(view)
-        speeds = Speeds(self.memo)
-        floors = {
-            j.job_id: clamp(j, j.gpus)
-            for j in sorted(jobs, key=lambda j: (j.slice_start or 0.0, j.job_id))
-            if j.state is JobState.RUNNING and slice_age(j, now) < self.lease
-        }
-        limit = _limit(view, self.memo)
-        counts = afs_counts(
-            jobs, capacity(view), speeds, pessimistic=True, seed=self.seed, floors=floors, limit=limit
+        floors = _held(sorted(jobs, key=lambda j: (j.slice_start or 0.0, j.job_id)), now, self.lease)
+        return _afs_plan(
+            view, jobs, Speeds(self.memo), floors, afsp_key, pessimistic=True, seed=self.seed, memo=self.memo
         )
-        order = sorted(jobs, key=afsp_key)
-        targets, _ = realize(view, order, counts, elastic_fallback=True, reason="afs-p", memo=self.memo)
-        return targets.plan(view)

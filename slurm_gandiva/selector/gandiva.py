@@ -54,6 +54,23 @@ class Introspection:
     max_moves: int = 4
 
 
+@dataclass(frozen=True, kw_only=True)
+class _TrialParams:
+    """The `Introspection` knobs Gandiva and the default take as parameters (keyword-only); which
+    trials run at all (pack, migrate, grow) is each policy's own."""
+
+    trial_window: float = 120.0
+    pack_keep: float = 0.55
+    min_gain: float = 0.05
+    locality_gain: float = 0.10
+    max_moves: int = 4
+
+    def _introspection(self, pack: bool, migrate: bool, grow: bool) -> Introspection:
+        return Introspection(
+            pack, migrate, grow, self.trial_window, self.pack_keep, self.min_gain, self.locality_gain, self.max_moves
+        )
+
+
 def _verdicts(
     jobs: Sequence[Job], now: float, knobs: Introspection, speeds: Speeds
 ) -> tuple[dict[str, Placement | None], set[str]]:
@@ -380,7 +397,7 @@ def _grow(
 
 
 @dataclass(frozen=True)
-class Gandiva:
+class Gandiva(_TrialParams):
     """Gandiva: affinity placement, time-slicing every `quantum` seconds when jobs outnumber GPUs
     (least attained service per GPU first; no job is suspended before `min_slice`, default one
     quantum, nor for a job less than `hysteresis` seconds of service behind it, default one
@@ -392,11 +409,6 @@ class Gandiva:
     pack: bool = True
     migrate: bool = True
     grow: bool = True
-    trial_window: float = 120.0
-    pack_keep: float = 0.55
-    min_gain: float = 0.05
-    locality_gain: float = 0.10
-    max_moves: int = 4
     seed: int = 0
     name: str = "gandiva"
     elastic: ClassVar[bool] = False  # runs jobs as asked; grows the ones that declare a range
@@ -404,16 +416,7 @@ class Gandiva:
 
     @property
     def knobs(self) -> Introspection:
-        return Introspection(
-            self.pack,
-            self.migrate,
-            self.grow,
-            self.trial_window,
-            self.pack_keep,
-            self.min_gain,
-            self.locality_gain,
-            self.max_moves,
-        )
+        return self._introspection(self.pack, self.migrate, self.grow)
 
     @property
     def slice_floor(self) -> float:
@@ -434,7 +437,7 @@ class Gandiva:
 
 
 @dataclass(frozen=True)
-class Default:
+class Default(_TrialParams):
     """The composed default: AFS-L allocation, affinity placement, time-slicing when oversubscribed
     (a never-run job gets a first slice of `probe` seconds at once, for early feedback; no job is
     suspended before `min_slice`), and introspective migration trials.
@@ -448,11 +451,6 @@ class Default:
     probe: float = 120.0
     pack: bool = False
     migrate: bool = True
-    trial_window: float = 120.0
-    pack_keep: float = 0.55
-    min_gain: float = 0.05
-    locality_gain: float = 0.10
-    max_moves: int = 4
     seed: int = 0
     name: str = "default"
     elastic: ClassVar[bool] = True
@@ -463,16 +461,7 @@ class Default:
         if not jobs:
             return Plan()
         speeds = Speeds(self.memo)
-        knobs = Introspection(
-            self.pack,
-            self.migrate,
-            False,
-            self.trial_window,
-            self.pack_keep,
-            self.min_gain,
-            self.locality_gain,
-            self.max_moves,
-        )
+        knobs = self._introspection(self.pack, self.migrate, grow=False)
         back, reverts = _verdicts(jobs, now, knobs, speeds)
         floors: dict[str, int] = {}
         young = sorted(

@@ -18,6 +18,20 @@ from typing import Protocol
 from slurm_gandiva.model import JobSpec, JobState, Locality, Placement
 from slurm_gandiva.plan import Action
 
+__all__ = [
+    "DecisionRecord",
+    "EventRecord",
+    "JobRecord",
+    "NoSuchRecord",
+    "Outcome",
+    "RateRecord",
+    "SliceEnd",
+    "SliceRecord",
+    "StepRecord",
+    "StoreApi",
+    "StoreConflict",
+]
+
 
 class SliceEnd(enum.Enum):
     """Why a slice (one uninterrupted run of a job on one placement) ended."""

@@ -9,7 +9,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
@@ -36,6 +36,9 @@ from slurm_gandiva.store.migrations import LATEST, current_version, migrate
 from slurm_gandiva.store.models import DecisionRow, EventRow, JobRow, RateRow, SliceRow, StepRow
 
 DB_FILE = "gandiva.db"
+
+R = TypeVar("R", JobRow, DecisionRow, StepRow)
+T = TypeVar("T")
 
 
 def default_url(state_dir: str | os.PathLike[str]) -> str:
@@ -172,6 +175,25 @@ def _as_tuple(values: Iterable[str] | None) -> tuple[str, ...] | None:
     return None if values is None else tuple(values)
 
 
+def _must_get(s: Session, row_type: type[R], key: str | int, what: str) -> R:
+    """The stored row `key`; NoSuchRecord ("no {what} {key} in the store") when there is none."""
+    row = s.get(row_type, key)
+    if row is None:
+        raise NoSuchRecord(f"no {what} {key} in the store")
+    return row
+
+
+def _insert(s: Session, row: DecisionRow | StepRow | RateRow | EventRow) -> int:
+    """Add a new row and return the id the database gave it."""
+    s.add(row)
+    s.flush()
+    return row.id
+
+
+def _job_user(s: Session, job_id: str) -> str:
+    return s.scalar(sa.select(JobRow.user).where(JobRow.id == job_id)) or ""
+
+
 class Store:
     """The controller's history and state. Safe to use from several processes (each its own Store).
 
@@ -261,6 +283,12 @@ class Store:
         with self._sessions() as session:
             yield session
 
+    def _lookup(self, row_type: type[R], key: str | int, record: Callable[[R], T]) -> T | None:
+        """`record(row)` of the stored row `key`, or None when there is none."""
+        with self._read() as s:
+            row = s.get(row_type, key)
+            return None if row is None else record(row)
+
     # -- jobs -------------------------------------------------------------------------------------
     def upsert_job(
         self,
@@ -301,9 +329,7 @@ class Store:
             return _job(row)
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        with self._read() as s:
-            row = s.get(JobRow, job_id)
-            return None if row is None else _job(row)
+        return self._lookup(JobRow, job_id, _job)
 
     def list_jobs(
         self, *, states: Iterable[JobState] | None = None, users: Iterable[str] | None = None
@@ -318,9 +344,7 @@ class Store:
 
     def set_job_state(self, job_id: str, state: JobState, *, at: float) -> JobRecord:
         with self._write() as s:
-            row = s.get(JobRow, job_id)
-            if row is None:
-                raise NoSuchRecord(f"no job {job_id} in the store")
+            row = _must_get(s, JobRow, job_id, "job")
             row.state = state.value
             row.updated = at
             s.flush()
@@ -338,9 +362,7 @@ class Store:
 
     def open_slice(self, job_id: str, placement: Placement, start: float) -> SliceRecord:
         with self._write() as s:
-            job = s.get(JobRow, job_id)
-            if job is None:
-                raise NoSuchRecord(f"no job {job_id} in the store")
+            job = _must_get(s, JobRow, job_id, "job")
             open_row = self._open_row(s, job_id)
             if open_row is not None:
                 existing = _slice(open_row, job.user)
@@ -368,16 +390,14 @@ class Store:
             row.end_time = max(end, row.start_time)
             row.end_reason = reason.value
             s.flush()
-            user = s.scalar(sa.select(JobRow.user).where(JobRow.id == job_id)) or ""
-            return _slice(row, user)
+            return _slice(row, _job_user(s, job_id))
 
     def current_slice(self, job_id: str) -> SliceRecord | None:
         with self._read() as s:
             row = self._open_row(s, job_id)
             if row is None:
                 return None
-            user = s.scalar(sa.select(JobRow.user).where(JobRow.id == job_id)) or ""
-            return _slice(row, user)
+            return _slice(row, _job_user(s, job_id))
 
     def slices(
         self,
@@ -418,8 +438,7 @@ class Store:
     # -- decisions and protocol steps -------------------------------------------------------------
     def record_intent(self, job_id: str, action: Action, placement: Placement | None, reason: str, at: float) -> int:
         with self._write() as s:
-            if s.get(JobRow, job_id) is None:
-                raise NoSuchRecord(f"no job {job_id} in the store")
+            _must_get(s, JobRow, job_id, "job")
             row = DecisionRow(
                 job_id=job_id,
                 action=action.value,
@@ -429,9 +448,7 @@ class Store:
                 intent_at=at,
                 detail="",
             )
-            s.add(row)
-            s.flush()
-            return row.id
+            return _insert(s, row)
 
     def record_step(
         self,
@@ -443,18 +460,13 @@ class Store:
     ) -> int:
         name = str(step.value) if isinstance(step, enum.Enum) else step
         with self._write() as s:
-            if s.get(DecisionRow, decision_id) is None:
-                raise NoSuchRecord(f"no decision {decision_id} in the store")
+            _must_get(s, DecisionRow, decision_id, "decision")
             row = StepRow(decision_id=decision_id, step=name, start_time=start, end_time=end, detail=detail)
-            s.add(row)
-            s.flush()
-            return row.id
+            return _insert(s, row)
 
     def end_step(self, step_id: int, end: float, detail: str | None = None) -> StepRecord:
         with self._write() as s:
-            row = s.get(StepRow, step_id)
-            if row is None:
-                raise NoSuchRecord(f"no protocol step {step_id} in the store")
+            row = _must_get(s, StepRow, step_id, "protocol step")
             row.end_time = end
             if detail is not None:
                 row.detail = detail
@@ -470,9 +482,7 @@ class Store:
 
     def record_outcome(self, decision_id: int, outcome: Outcome, detail: str, at: float) -> DecisionRecord:
         with self._write() as s:
-            row = s.get(DecisionRow, decision_id)
-            if row is None:
-                raise NoSuchRecord(f"no decision {decision_id} in the store")
+            row = _must_get(s, DecisionRow, decision_id, "decision")
             row.outcome = outcome.value
             row.outcome_at = at
             row.detail = detail
@@ -480,9 +490,7 @@ class Store:
             return _decision(row)
 
     def get_decision(self, decision_id: int) -> DecisionRecord | None:
-        with self._read() as s:
-            row = s.get(DecisionRow, decision_id)
-            return None if row is None else _decision(row)
+        return self._lookup(DecisionRow, decision_id, _decision)
 
     def open_intents(self) -> tuple[DecisionRecord, ...]:
         q = sa.select(DecisionRow).where(DecisionRow.outcome.is_(None)).order_by(DecisionRow.id)
@@ -504,12 +512,8 @@ class Store:
     # -- rates and events -------------------------------------------------------------------------
     def record_rate(self, job_id: str, gpus: int, locality: Locality, rate: float, at: float) -> int:
         with self._write() as s:
-            if s.get(JobRow, job_id) is None:
-                raise NoSuchRecord(f"no job {job_id} in the store")
-            row = RateRow(job_id=job_id, gpus=gpus, locality=int(locality), rate=rate, at=at)
-            s.add(row)
-            s.flush()
-            return row.id
+            _must_get(s, JobRow, job_id, "job")
+            return _insert(s, RateRow(job_id=job_id, gpus=gpus, locality=int(locality), rate=rate, at=at))
 
     def rates(self, job_id: str) -> tuple[RateRecord, ...]:
         q = sa.select(RateRow).where(RateRow.job_id == job_id).order_by(RateRow.at, RateRow.id)
@@ -518,10 +522,7 @@ class Store:
 
     def record_event(self, kind: str, job_id: str | None, detail: str, at: float) -> int:
         with self._write() as s:
-            row = EventRow(kind=kind, job_id=job_id, detail=detail, at=at)
-            s.add(row)
-            s.flush()
-            return row.id
+            return _insert(s, EventRow(kind=kind, job_id=job_id, detail=detail, at=at))
 
     def events(
         self,

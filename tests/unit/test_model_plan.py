@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import TWO_BY_FOUR, gp
 
 from slurm_gandiva.model import (
     ClusterView,
@@ -18,12 +19,6 @@ from slurm_gandiva.model import (
 )
 from slurm_gandiva.plan import Action, Decision, Plan
 
-TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
-
-
-def g(node: str, *idx: int) -> Placement:
-    return Placement(tuple(GpuRef(node, i) for i in idx))
-
 
 def job(
     jid: str, state: JobState = JobState.QUEUED, placement: Placement | None = None, lo: int = 1, hi: int = 1
@@ -32,15 +27,15 @@ def job(
 
 
 def test_locality_classes() -> None:
-    assert TOPO.locality(g("n1", 0, 1).gpus) is Locality.SWITCH
-    assert TOPO.locality(g("n1", 0, 2).gpus) is Locality.NODE  # 2 sockets x 1 switch each
+    assert TWO_BY_FOUR.locality(gp("n1", 0, 1).gpus) is Locality.SWITCH
+    assert TWO_BY_FOUR.locality(gp("n1", 0, 2).gpus) is Locality.NODE  # 2 sockets x 1 switch each
     four_sockets = Topology.uniform(1, 4, gpus_per_switch=1, sockets=2)
-    assert four_sockets.locality(g("n1", 0, 1).gpus) is Locality.SOCKET
-    assert TOPO.locality([GpuRef("n1", 0), GpuRef("n2", 0)]) is Locality.CROSS_NODE
+    assert four_sockets.locality(gp("n1", 0, 1).gpus) is Locality.SOCKET
+    assert TWO_BY_FOUR.locality([GpuRef("n1", 0), GpuRef("n2", 0)]) is Locality.CROSS_NODE
 
 
 def test_placement_is_canonical_and_rejects_duplicates() -> None:
-    assert g("n1", 3, 1) == g("n1", 1, 3)
+    assert gp("n1", 3, 1) == gp("n1", 1, 3)
     assert str(Placement((GpuRef("n2", 1), GpuRef("n1", 0)))) == "n1:0,n2:1"
     with pytest.raises(ValueError):
         Placement((GpuRef("n1", 0), GpuRef("n1", 0)))
@@ -58,27 +53,27 @@ def test_rate_table_interpolates_and_never_invents_speedup() -> None:
 
 def test_from_targets_derives_actions() -> None:
     view = ClusterView(
-        TOPO,
+        TWO_BY_FOUR,
         (
             job("q"),
             job("s", JobState.SUSPENDED),
-            job("r", JobState.RUNNING, g("n1", 0)),
-            job("m", JobState.RUNNING, g("n1", 1)),
-            job("z", JobState.RUNNING, g("n1", 2), hi=2),
-            job("p", JobState.RUNNING, g("n1", 3)),
+            job("r", JobState.RUNNING, gp("n1", 0)),
+            job("m", JobState.RUNNING, gp("n1", 1)),
+            job("z", JobState.RUNNING, gp("n1", 2), hi=2),
+            job("p", JobState.RUNNING, gp("n1", 3)),
             job("done", JobState.DONE),
         ),
     )
     plan = Plan.from_targets(
         view,
         {
-            "q": g("n2", 0),
-            "s": g("n2", 1),
+            "q": gp("n2", 0),
+            "s": gp("n2", 1),
             "r": None,
-            "m": g("n2", 2),
-            "z": g("n1", 2, 1),
-            "p": Placement(g("n1", 3).gpus, shared=True),
-            "done": g("n2", 3),
+            "m": gp("n2", 2),
+            "z": gp("n1", 2, 1),
+            "p": gp("n1", 3, shared=True),
+            "done": gp("n2", 3),
         },
         trials={"p": TrialKind.PACK},
     )
@@ -98,17 +93,17 @@ def test_from_targets_derives_actions() -> None:
     assert after.job("s").times_scheduled == 1 and after.job("s").slice_start == 5.0
     assert after.job("r").state is JobState.SUSPENDED and after.job("r").last_run_end == 5.0
     trial = after.job("p").trial
-    assert trial is not None and trial.kind is TrialKind.PACK and trial.previous == g("n1", 3)
+    assert trial is not None and trial.kind is TrialKind.PACK and trial.previous == gp("n1", 3)
     assert after.job("m").slice_start is None  # a migration continues the running slice
 
 
 def test_consistency_catches_double_booking_and_whole_plus_shard() -> None:
     view = ClusterView(
-        TOPO,
+        TWO_BY_FOUR,
         (
-            job("a", JobState.RUNNING, g("n1", 0)),
-            job("b", JobState.RUNNING, Placement(g("n1", 0).gpus, shared=True)),
-            job("c", JobState.RUNNING, g("n1", 1, 2), hi=1),
+            job("a", JobState.RUNNING, gp("n1", 0)),
+            job("b", JobState.RUNNING, gp("n1", 0, shared=True)),
+            job("c", JobState.RUNNING, gp("n1", 1, 2), hi=1),
         ),
     )
     errs = view.consistency_errors()

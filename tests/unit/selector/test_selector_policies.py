@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from helpers import TWO_BY_FOUR, gp
 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import (
@@ -25,12 +26,6 @@ from slurm_gandiva.selector import POLICY_NAMES, make_policy
 from slurm_gandiva.selector.afs import afs_counts
 from slurm_gandiva.selector.common import Speeds
 from slurm_gandiva.selector.placement import LOCALITY_PRIOR, GpuPool, locality_factor
-
-TWO_BY_FOUR = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)  # per node: switch 0 = GPUs 0,1; 1 = 2,3
-
-
-def gp(node: str, *idx: int, shared: bool = False) -> Placement:
-    return Placement(tuple(GpuRef(node, i) for i in idx), shared=shared)
 
 
 def job(
