@@ -12,6 +12,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+# The most seconds a slice's start-up (Slurm start to first progress report) is kept out of its age:
+# the controller and the simulator both count a slice from its training start, at most this late.
+STARTUP_GRACE_S = 60.0
+
 
 class JobState(enum.Enum):
     """Lifecycle of a managed job, as the policies see it."""

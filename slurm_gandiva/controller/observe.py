@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_gandiva.model import (
+    STARTUP_GRACE_S,
     ClusterView,
     GpuRef,
     Job,
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 
 # A measurement taken this soon after a slice started still contains start-up time; ignore it.
 RATE_WARMUP_S = 2.0
-# The most seconds a slice's start-up (Slurm start to first progress report) is kept out of its age.
-STARTUP_GRACE_S = 60.0
 # The job wrapper runs a job's processes on one node, so no managed job may span nodes.
 WRAPPER_MAX_NODES = 1
 

@@ -3,14 +3,17 @@
 Time is the engine's own virtual clock (seconds from the trace start); nothing here reads a real clock.
 Events are arrivals, completions and, while jobs wait (or a trial runs), re-decisions every
 `policy.quantum` seconds (or, when the policy has `next_decision(view, now) -> float | None`, at the
-time that returns after each call: None = only on events). At each event the engine builds the same
+time that returns after each call: None = only on events). With `SimConfig.tick` set, the engine also
+decides every `tick` seconds while any job is active, as the controller's tick does (slower; for
+comparing with a real run). At each event the engine builds the same
 `ClusterView` the controller builds (measured rates = the model's true rate at the job's current
 placement), calls the very same policy object, checks the plan (no GPU booked twice, counts within
 range, up nodes only) and applies it with `plan.apply_decision`, the bookkeeping the controller uses,
 charging modelled overheads:
 
 - A job that starts, resumes, migrates, resizes, packs or unpacks holds its new GPUs but makes no
-  progress for the action's cost (`Overheads`).
+  progress for the action's cost (`Overheads`). As in the controller, its slice is counted (min slice,
+  quantum) from its training start, when that cost is paid (at most `STARTUP_GRACE_S` late).
 - GPUs given up by a suspend (or left behind by a migrate/resize) stay busy for the suspend cost
   (the checkpoint is being written): a job placed on them waits for that first.
 - A packed job runs `interference` slower while another job holds a shard of one of its GPUs.
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from slurm_gandiva.errors import ConfigError
-from slurm_gandiva.model import ClusterView, Job, JobSpec, JobState, Placement, RateTable, Topology
+from slurm_gandiva.model import STARTUP_GRACE_S, ClusterView, Job, JobSpec, JobState, Placement, RateTable, Topology
 from slurm_gandiva.plan import Action, Decision, Plan, apply_decision
 from slurm_gandiva.selector.base import Policy
 from slurm_gandiva.sim.models import MODEL_NAMES, ModelProfile, SpeedModel, load_profiles
@@ -130,6 +133,7 @@ class SimConfig:
     elastic: bool | None = None  # None: ask the policy (its `elastic` attribute, else ELASTIC_POLICIES)
     feedback_batches: int = 100
     max_time: float | None = None  # stop the simulation here (jobs left unfinished are reported)
+    tick: float | None = None  # also decide every `tick` s while jobs are active, like the controller
 
     def topology(self) -> Topology:
         return Topology.uniform(
@@ -209,6 +213,7 @@ class _Rec:
 
     __slots__ = (
         "asked",
+        "began",
         "dead_until",
         "finish",
         "first100",
@@ -235,6 +240,7 @@ class _Rec:
         self.rate = 0.0  # samples/s at the current placement (0 when not running)
         self.step_rate = 0.0  # mini-batches/s
         self.dead_until = 0.0
+        self.began = 0.0  # when the current slice was decided
         self.steps = 0.0
         self.progress = 0.0  # samples done (the Job snapshot is synced at each decision)
         self.service = 0.0
@@ -242,6 +248,13 @@ class _Rec:
         self.first100: float | None = None
         self.finish: float | None = None
         self.suspends = self.migrations = self.resizes = self.packs = 0
+
+    def training_start(self) -> float:
+        """When the current slice began for min-slice / quantum accounting (as the controller counts)."""
+        return min(self.dead_until, self.began + STARTUP_GRACE_S) if self.dead_until > self.began else self.began
+
+    def expiry(self, quantum: float) -> float:
+        return self.training_start() + quantum
 
     def completion_time(self, now: float) -> float:
         if self.rate <= 0:
@@ -328,6 +341,7 @@ class Simulator:
         recs = self.make_jobs()
         n = len(recs)
         quantum = getattr(self.policy, "quantum", None)
+        tick = self.config.tick
         wake_hook: Callable[[ClusterView, float], float | None] | None = getattr(self.policy, "next_decision", None)
         wake: float | None = None
         feedback = self.config.feedback_batches
@@ -358,6 +372,12 @@ class Simulator:
                     waiting > 0 or any(r.job.trial is not None for r in running.values())
                 )
                 t_tick = max(last_decision + quantum, t) if ticking and quantum is not None else math.inf
+                if ticking and quantum is not None:
+                    # A slice counts from its training start: wake when the next one reaches a quantum.
+                    expiries = (e for r in running.values() if (e := r.expiry(quantum)) > t)
+                    t_tick = min(t_tick, min(expiries, default=t_tick))
+            if tick is not None and active:
+                t_tick = min(t_tick, max(last_decision + tick, t))
             t_next = min(t_arr, t_done, t_tick)
             if t_next == math.inf or t_next > max_time:
                 if t_next != math.inf:
@@ -399,7 +419,9 @@ class Simulator:
                 continue
             # --- decide
             for r in running.values():
-                r.job = _synced(r.job, min(r.progress, r.total), r.service, r.rate if t >= r.dead_until else None)
+                trained = t >= r.dead_until
+                start = r.training_start() if trained else r.began
+                r.job = _synced(r.job, min(r.progress, r.total), r.service, r.rate if trained else None, start)
             view = ClusterView(self.topology, tuple(r.job for r in active.values()), t)
             plan = self.policy.decide(view, t)
             decisions += 1
@@ -541,6 +563,7 @@ class Simulator:
                 if k not in mine:
                     ready = max(ready, busy_until.get(k, 0.0))
             r.dead_until = ready + cost.cost(a)
+            r.began = t
             running[d.job_id] = r
             moved.append(r)
             if a is Action.MIGRATE:
@@ -608,7 +631,7 @@ class Simulator:
         )
 
 
-def _synced(job: Job, progress: float, service: float, measured: float | None) -> Job:
+def _synced(job: Job, progress: float, service: float, measured: float | None, slice_start: float) -> Job:
     """`job` with new progress figures and every other field kept.
 
     This runs for every running job at every decision; copying the instance dict is several times
@@ -621,4 +644,5 @@ def _synced(job: Job, progress: float, service: float, measured: float | None) -
     d["progress"] = progress
     d["attained_service"] = service
     d["measured_rate"] = measured
+    d["slice_start"] = slice_start
     return new

@@ -137,7 +137,7 @@ def test_every_managed_job_is_limited_to_one_node() -> None:
 
 def test_slice_starts_at_the_first_progress_report_not_the_slurm_start() -> None:
     """Start-up (10-20 s of process launch and torch import) does not count towards the minimum slice."""
-    from slurm_gandiva.controller.observe import STARTUP_GRACE_S
+    from slurm_gandiva.model import STARTUP_GRACE_S
 
     sl = SliceRecord(1, "1", "alice", 1, pl("n1", 0), 1000.0)
     running = sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (0,)}, start=1000.0)

@@ -48,12 +48,12 @@ def test_start_cost_is_charged_as_dead_time() -> None:
 
 
 def test_time_slicing_charges_suspend_and_resume() -> None:
-    """a: 0-60 runs; b: starts 60, waits for a's checkpoint until 65, runs to 120 (55 s done);
-    a: resumes 120, GPU busy with b's checkpoint until 125, +10 resume, 40 s left -> done 175;
-    b: resumes 175, +10, 45 s left -> done 230."""
+    """a: 0-60 runs; b: starts 60, waits for a's checkpoint until 65, runs to 125 (its slice counts from
+    its training start, 65: 60 s done); a: resumes 125, GPU busy with b's checkpoint until 130, +10
+    resume, 40 s left -> done 180; b: resumes 180, +10, 40 s left -> done 230."""
     cfg = replace(ONE_GPU, overheads=Overheads(start=0, suspend=5, resume=10))
     res = Simulator(trace(("a", 0, 100, 1), ("b", 0, 100, 1)), ToyRoundRobin(60.0), cfg).run()
-    assert jcts(res) == pytest.approx({"a": 175.0, "b": 230.0})
+    assert jcts(res) == pytest.approx({"a": 180.0, "b": 230.0})
     a, b = res.jobs
     assert (a.suspends, b.suspends) == (1, 1)
     assert a.overhead_seconds == pytest.approx(15.0)
@@ -213,3 +213,24 @@ def test_a_chain_of_moves_in_one_plan_is_judged_by_its_end_state() -> None:
     res = Simulator(trace(("a", 0, 100, 1), ("b", 0, 100, 1), ("c", 50, 10, 1)), ToySwap(), cfg).run()
     assert jcts(res) == pytest.approx({"a": 120.0, "b": 120.0, "c": 80.0})
     assert [j.migrations for j in res.jobs] == [1, 1, 0]
+
+
+def test_tick_decides_as_often_as_the_controller() -> None:
+    """A policy without a quantum is only asked on events; with `tick` the engine asks every tick, so a
+    20 s slice ends at the first tick after 20 s (as the controller's tick would end it), not never."""
+
+    class SliceAfter20:
+        name = "slice-after-20"
+        elastic = False
+        quantum = None
+
+        def decide(self, view: ClusterView, now: float) -> Plan:
+            return ToyRoundRobin(20.0).decide(view, now)
+
+    cfg = replace(ONE_GPU, overheads=Overheads(start=0, suspend=0, resume=0))
+    jobs = trace(("a", 0, 100, 1), ("b", 0, 100, 1))
+    quiet = Simulator(jobs, SliceAfter20(), cfg).run()
+    assert [j.suspends for j in quiet.jobs] == [0, 0]  # asked only on events: a ran to the end, then b
+    ticked = Simulator(jobs, SliceAfter20(), replace(cfg, tick=7.0)).run()
+    assert ticked.jobs[0].suspends >= 1 and ticked.decisions > quiet.decisions
+    assert ticked.jobs[0].first_start == 0.0 and ticked.jobs[1].first_start == pytest.approx(21.0)
