@@ -85,6 +85,7 @@ class ProgressReporter:
         self._measuring = False
         self._batch_time = 0.0
         self._rate = 0.0
+        self._started = wall_clock()  # made after the restore: this incarnation's training starts now
 
     def start(self) -> None:
         self.report()
@@ -126,6 +127,7 @@ class ProgressReporter:
                 world_size=self._world_size,
                 updated=self._wall(),
                 state=state,
+                started=self._started,
             )
             write_progress(self.path, prog)
             return prog

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # A measurement taken this soon after a slice started still contains start-up time; ignore it.
 RATE_WARMUP_S = 2.0
+# A wrapper's training start this much before the slice's recorded start still belongs to the slice (the
+# slice is recorded when the controller has seen the job RUNNING; torch start-up alone takes longer).
+TRAINING_START_SLACK_S = 0.5
 # The job wrapper runs a job's processes on one node, so no managed job may span nodes.
 WRAPPER_MAX_NODES = 1
 
@@ -56,6 +59,9 @@ class ProgressLike(Protocol):
 
     @property
     def updated(self) -> float: ...
+
+    @property
+    def started(self) -> float | None: ...
 
 
 ProgressReader = Callable[[Path], "ProgressLike | None"]
@@ -166,17 +172,20 @@ def with_prior(table: RateTable, speedup: Mapping[int, float]) -> RateTable:
 
 
 def training_start(started: float, progress: ProgressLike | None, rates: Iterable[RateRecord], now: float) -> float:
-    """When a running job's slice began for min-slice / quantum accounting: when it first reported
-    progress after `started` (its slice's start), so that start-up (10-20 s of process launch and torch
-    import) does not eat the policy's minimum slice; `started` while it has not reported yet.
+    """When a running job's slice began for min-slice / quantum accounting: when its training began
+    after `started` (its slice's start), so that start-up (5-20 s of process launch, torch import and
+    checkpoint load) does not eat the policy's minimum slice; `started` while it has not reported yet.
 
-    progress.json only holds the latest report, so the first one is taken as the earliest rate recorded
-    since `started` (rates are recorded every introspect interval: at most that late), else the report
-    itself while the job is not measured yet. Start-up counts as at most `STARTUP_GRACE_S`, so a job
-    whose reports are never measured is still time-sliced.
+    The wrapper's progress.json says when this incarnation began training (`started`). Reports without
+    it (older wrappers) fall back to the earliest rate recorded since `started` (rates are recorded every
+    introspect interval: at most that late), else the report itself while the job is not measured yet.
+    Start-up counts as at most `STARTUP_GRACE_S`, so a job that never reports is still time-sliced.
     """
+    began = progress.started if progress is not None else None
     firsts = [r.at for r in rates if r.at >= started]
-    if firsts:
+    if began is not None and began >= started - TRAINING_START_SLACK_S and progress is not None:
+        first = max(started, began)  # the wrapper says when this incarnation's training began
+    elif firsts:
         first = min(firsts)
     elif progress is not None and progress.updated > started:
         first = progress.updated

@@ -100,6 +100,7 @@ class Progress:
     world_size: int  # training processes
     updated: float  # unix time of this report
     state: str = "running"  # "running", "suspended", "done"
+    started: float | None = None  # unix time this incarnation began training (after its restore)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -111,6 +112,7 @@ class Progress:
             raise ValueError("progress is not a JSON object")
         try:
             total = data.get("total_samples")
+            started = data.get("started")
             prog = cls(
                 step=int(data["step"]),
                 epoch=int(data["epoch"]),
@@ -121,10 +123,12 @@ class Progress:
                 world_size=int(data["world_size"]),
                 updated=float(data["updated"]),
                 state=str(data.get("state", "running")),
+                started=None if started is None else float(started),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed progress: {exc}") from None
-        if not all(math.isfinite(x) for x in (prog.batch_time_avg, prog.samples_per_s, prog.updated)):
+        numbers = (prog.batch_time_avg, prog.samples_per_s, prog.updated, prog.started or 0.0)
+        if not all(math.isfinite(x) for x in numbers):
             raise ValueError("malformed progress: non-finite number")
         return prog
 

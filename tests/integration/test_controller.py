@@ -269,6 +269,14 @@ def env_factory(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) 
         for jid in e.jobs:
             with contextlib.suppress(Exception):
                 slurm.cancel(jid)
+        # pytest shows this only for a failing test: what the controller and Slurm did, for CI's log.
+        for log in sorted(e.dir.glob("controller-*.log")):
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if " DEBUG " not in ln]
+            print(f"--- {log} (last 40 lines without DEBUG)", *lines[-40:], sep="\n")
+        for jid in e.jobs:
+            out = slurm_cluster.jobs_dir / f"slurm-{jid}.out"
+            if out.exists():
+                print(f"--- {out} (last 8 lines)", *out.read_text(errors="replace").splitlines()[-8:], sep="\n")
 
 
 # -- acceptance ---------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ class Prog:
     samples_per_s: float = 0.0
     world_size: int = 1
     updated: float = 0.0
+    started: float | None = None
 
 
 def spec(jid: str, lo: int = 1, hi: int = 1, total: float | None = None) -> JobSpec:
@@ -161,6 +162,13 @@ def test_slice_starts_at_the_first_progress_report_not_the_slurm_start() -> None
     assert start(later, rates[:1]) == 1029.0
     slow = Prog(samples=64, world_size=1, updated=1500.0)  # start-up counts for at most the grace
     assert start(slow, now=1600.0) == 1000.0 + STARTUP_GRACE_S
+    # The wrapper's own training start wins over the (late) first rate record ...
+    told = Prog(samples=640, samples_per_s=40.0, world_size=1, updated=1029.0, started=1007.5)
+    assert start(told, rates) == 1007.5
+    # ... unless it is an earlier incarnation's (the report is stale), and it is still capped by the grace.
+    stale = Prog(samples=64, world_size=1, updated=1029.0, started=950.0)
+    assert start(stale, rates) == 1018.0
+    assert start(Prog(samples=64, world_size=1, updated=1590.0, started=1580.0), now=1600.0) == 1060.0
     # With a 20 s quantum, a job 30 s past its Slurm start but 12 s into training keeps its GPU.
     from slurm_gandiva.selector import make_policy
 

@@ -59,6 +59,16 @@ def test_reporter_measures_batch_time_and_rate_from_the_first_step_on(tmp_path: 
     assert final.state == "done" and read_progress(tmp_path / "p.json") == final
 
 
+def test_reporter_says_when_this_incarnation_began_training(tmp_path: Path) -> None:
+    """`started` is the wall time the reporter was made (after the restore), the same in every report."""
+    wall = [50.0]
+    rep = ProgressReporter(tmp_path / "p.json", lambda: Counters(1, 0, 32, None), world_size=1,
+                           clock=FakeClock(), wall_clock=lambda: wall[0])
+    wall[0] = 58.0
+    assert rep.report().started == 50.0 and rep.report().updated == 58.0
+    assert read_progress(tmp_path / "p.json").started == 50.0  # type: ignore[union-attr]
+
+
 def test_reporter_thread_writes_periodically(tmp_path: Path) -> None:
     n = {"step": 0}
     rep = ProgressReporter(tmp_path / "p.json", lambda: Counters(n["step"], 0, n["step"], None), world_size=1,
