@@ -1,17 +1,22 @@
 """Sim-to-real: the demo's 12-job workload in the simulator vs on the real local Slurm cluster.
 
 The real run is `gandiva demo` (its <state>/demo-results.json: submit times, per-job JCTs and the
-samples/s the wrapper measured at each GPU count). The simulated run feeds H5's engine the same jobs
-(same submit offsets, GPU ranges and total samples), the same policy and quantum, the rates measured in
-the real run (one speed profile for the demo model, by GPU count) and the suspend/resume overheads
-measured by H3 (benchmarks/results/requeue.json; the simulator's guesses when that file is missing).
-A slice's start-up (process + torch import, checkpoint load; 5-30 s on this 2-core machine depending on
-load) is not in requeue.json: by default it is measured from the real run's slices (time in slices minus
-samples / measured rate, per slice) and charged as the start and resume cost (--no-calibrate: off).
+samples/s the wrapper measured at each GPU count). The simulated run feeds the engine the same jobs
+(same submit offsets, GPU ranges and total samples), the same policy, quantum and controller tick, one
+speed profile for the demo model built from the rates measured in the real run, and the costs of each
+mechanism measured in that same run (--no-calibrate: benchmarks/results/requeue.json instead):
+
+- start / resume / migrate / resize: from the decision's intent (controller store) to the wrapper's
+  `fresh_start` / `resumed` event (Slurm start, process and torch start-up, checkpoint load);
+- suspend: from the suspend's intent to its outcome (the GPUs are free);
+- finish: from the wrapper's `training_done` to Slurm's end time;
+- each job's registration lag (the controller sees a submission at its next tick): the job's arrival in
+  the simulator is its submission plus that lag, and its JCT is still counted from the submission.
+
 Prints per-job JCTs side by side with their ratio and PASS when every job is within the tolerance (15%).
 
     sudo .venv/bin/python benchmarks/bench_sim_vs_real.py                 # runs the demo first (~5 min)
-    .venv/bin/python benchmarks/bench_sim_vs_real.py --real /tmp/gandiva-demo/demo-results.json
+    .venv/bin/python benchmarks/bench_sim_vs_real.py --state-dir /tmp/gandiva-demo   # an earlier run
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,21 +66,70 @@ def speed_profile(real: DemoResult, gpus_per_node: int = 4, nodes: int = 2) -> M
     return ModelProfile(MODEL, 1, {(k,): k / r for k, r in rate.items()}, cross)
 
 
-def slice_dead_time(real: DemoResult, profile: ModelProfile) -> tuple[float, int]:
-    """Median seconds per slice in which a job held its GPUs without progress, measured in the real run
-    (process and torch start-up, checkpoint load and write, wrapper exit): over jobs that ran on one GPU
-    count, (time in slices - samples / measured rate) / slices. Returns (seconds, jobs measured)."""
-    deads = []
-    for j in real.jobs:
-        if not j.slice_log or any(end is None for _, end, _, _ in j.slice_log):
-            continue
-        counts = {k for _, _, k, _ in j.slice_log}
-        if len(counts) != 1:
-            continue
-        busy = sum((end or start) - start for start, end, _, _ in j.slice_log)
-        compute = j.total_samples / profile.throughput((counts.pop(),))
-        deads.append(max(0.0, busy - compute) / len(j.slice_log))
-    return (statistics.median(deads), len(deads)) if deads else (0.0, 0)
+@dataclass(frozen=True)
+class Measured:
+    """Costs measured in one real run (medians, seconds) and each job's registration lag."""
+
+    overheads: Overheads
+    lag: dict[str, float]
+    counts: dict[str, int]
+
+
+def _median(xs: list[float], default: float) -> float:
+    return statistics.median(xs) if xs else default
+
+
+def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
+    """The mechanisms' costs in the real run, from the controller's store and the wrapper's event logs."""
+    from job_wrapper.progress import read_events
+    from slurm_gandiva.plan import Action
+    from slurm_gandiva.store import Outcome, Store
+
+    db = state_dir / "controller" / "gandiva.db"
+    if not db.is_file():
+        raise SystemExit(f"{db} is missing: pass the --state-dir of the demo run, or --no-calibrate")
+    jobs_dir = state_dir / "cluster" / "jobs"
+    costs: dict[Action, list[float]] = {}
+    finish: list[float] = []
+    lag: dict[str, float] = {}
+    store = Store(f"sqlite:///{db}")
+    try:
+        for j in real.jobs:
+            rec = store.get_job(j.job_id)
+            if rec is not None:
+                lag[j.job_id] = max(0.0, rec.created - j.submitted)
+            events = read_events(jobs_dir / j.job_id / "events.jsonl")
+            trained = sorted(float(e["time"]) for e in events if e.get("event") in ("fresh_start", "resumed"))
+            done = [float(e["time"]) for e in events if e.get("event") == "training_done"]
+            if done and j.ended is not None:
+                finish.append(max(0.0, j.ended - done[-1]))
+            for d in store.decisions(job_ids=[j.job_id]):
+                if d.outcome is not Outcome.SUCCEEDED:
+                    continue
+                if d.action is Action.SUSPEND:
+                    if d.outcome_at is not None:
+                        costs.setdefault(d.action, []).append(d.outcome_at - d.intent_at)
+                    continue
+                began = next((t for t in trained if t >= d.intent_at), None)
+                if began is not None:
+                    costs.setdefault(d.action, []).append(began - d.intent_at)
+    finally:
+        store.close()
+    start = _median(costs.get(Action.START, []), fallback.start)
+    resume = _median(costs.get(Action.RESUME, []), max(start, fallback.resume))
+    over = replace(
+        fallback,
+        start=start,
+        resume=resume,
+        suspend=_median(costs.get(Action.SUSPEND, []), fallback.suspend),
+        migrate=_median(costs.get(Action.MIGRATE, []), fallback.suspend + resume),
+        resize=_median(costs.get(Action.RESIZE, []), fallback.suspend + resume),
+        finish=_median(finish, 0.0),
+        source=f"measured in the real run ({db})",
+    )
+    counts = {a.value: len(v) for a, v in costs.items()}
+    counts["finish"] = len(finish)
+    return Measured(over, lag, counts)
 
 
 class WorkloadSimulator(Simulator):
@@ -107,18 +161,19 @@ def make_policy_for(real: DemoResult) -> Any:
     return make_policy(real.policy, **params)
 
 
-def simulate(real: DemoResult, overheads: Overheads) -> SimResult:
-    """The real run's jobs in the simulator (2 nodes x 4 GPUs, the same policy and quantum)."""
+def simulate(real: DemoResult, overheads: Overheads, lag: dict[str, float] | None = None) -> SimResult:
+    """The real run's jobs in the simulator (2 nodes x 4 GPUs, the same policy, quantum and tick); each
+    arrives `lag[job]` s after its submission (when the controller registered it)."""
     profile = speed_profile(real)
+    lag = lag or {}
     t0 = min(j.submitted for j in real.jobs)
     jobs = []
-    for j in sorted(real.jobs, key=lambda j: (j.submitted, int(j.job_id))):
+    for j in sorted(real.jobs, key=lambda j: (j.submitted + lag.get(j.job_id, 0.0), int(j.job_id))):
         rate = profile.throughput((j.min_gpus,))
-        jobs.append(
-            TraceJob(j.job_id, j.submitted - t0, j.total_samples / rate, j.min_gpus, MODEL, "gandiva-demo", j.max_gpus)
-        )
+        at = j.submitted - t0 + lag.get(j.job_id, 0.0)
+        jobs.append(TraceJob(j.job_id, at, j.total_samples / rate, j.min_gpus, MODEL, "gandiva-demo", j.max_gpus))
     trace = Trace("demo", tuple(jobs))
-    config = SimConfig(nodes=2, gpus_per_node=4, overheads=overheads, seed=0)
+    config = SimConfig(nodes=2, gpus_per_node=4, overheads=overheads, seed=0, tick=real.tick)
     sim = WorkloadSimulator(
         trace,
         make_policy_for(real),
@@ -129,19 +184,22 @@ def simulate(real: DemoResult, overheads: Overheads) -> SimResult:
     return sim.run()
 
 
-def compare(real: DemoResult, sim: SimResult, tolerance: float) -> bool:
+def compare(real: DemoResult, sim: SimResult, tolerance: float, lag: dict[str, float] | None = None) -> bool:
     sim_by = {j.job_id: j for j in sim.jobs}
+    lag = lag or {}
     o = sim.overheads
     print(
-        f"policy {real.policy}, quantum {real.quantum:g} s; overheads from {o.source}: "
-        f"start {o.start:.1f} s, suspend {o.suspend:.1f} s, resume {o.resume:.1f} s"
+        f"policy {real.policy}, quantum {real.quantum:g} s, tick {real.tick:g} s; overheads {o.source}:\n"
+        f"  start {o.start:.1f} s, suspend {o.suspend:.1f} s, resume {o.resume:.1f} s, "
+        f"migrate {o.migrate or 0:.1f} s, resize {o.resize or 0:.1f} s, finish {o.finish:.1f} s"
     )
     print(f"{'job':>6} {'name':<4} {'gpus':<5} {'real JCT s':>10} {'sim JCT s':>10} {'sim/real':>8}  within")
     ok = True
     real_jcts, sim_jcts = [], []
     for j in sorted(real.jobs, key=lambda j: int(j.job_id)):
         s = sim_by.get(j.job_id)
-        rj, sj = j.jct, (s.jct if s is not None else None)
+        rj = j.jct
+        sj = None if s is None or s.jct is None else s.jct + lag.get(j.job_id, 0.0)
         gpus = f"{j.min_gpus}" if j.min_gpus == j.max_gpus else f"{j.min_gpus}:{j.max_gpus}"
         if rj is None or sj is None or rj <= 0:
             print(f"{j.job_id:>6} {j.name:<4} {gpus:<5} {rj!s:>10} {sj!s:>10} {'-':>8}  NO (unfinished)")
@@ -167,7 +225,8 @@ def compare(real: DemoResult, sim: SimResult, tolerance: float) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--real", type=Path, help="demo-results.json of a real run (default: run the demo now)")
+    ap.add_argument("--real", type=Path, help="demo-results.json of a real run (its folder is the demo state dir)")
+    ap.add_argument("--reuse", action="store_true", help="compare the run already in --state-dir, do not run")
     ap.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help="demo state dir")
     ap.add_argument("--overheads", type=Path, default=REPO / "benchmarks" / "results" / "requeue.json")
     ap.add_argument("--tolerance", type=float, default=0.15)
@@ -175,32 +234,31 @@ def main(argv: list[str] | None = None) -> int:
         "--no-calibrate",
         dest="calibrate",
         action="store_false",
-        help="do not take the per-slice start-up time from the real run (use the file/guesses)",
+        help="do not measure the costs in the real run (use --overheads, else the simulator's guesses)",
     )
     args = ap.parse_args(argv)
-    path = args.real
-    if path is None:
+    path = args.real or args.state_dir / RESULTS_FILE
+    if args.real is None and not args.reuse:
         demo = Demo(args.state_dir, workload=WORKLOAD)
         if demo.run() != 0:
             print("the real run failed: no comparison", file=sys.stderr)
             return 1
-        path = args.state_dir / RESULTS_FILE
     real = DemoResult.from_json(path.read_text())
     overheads = Overheads.from_file(args.overheads) if args.overheads.is_file() else Overheads()
-    if overheads.source == "guess":
-        print(f"note: {args.overheads} is missing: suspend/migrate costs are the simulator's guesses")
+    lag: dict[str, float] = {}
     if args.calibrate:
-        dead, n = slice_dead_time(real, speed_profile(real))
-        if n:
-            overheads = replace(
-                overheads,
-                start=dead,
-                resume=max(overheads.resume, dead),
-                source=f"{overheads.source} + start-up measured in the real run",
-            )
-            print(f"start-up dead time per slice, measured over {n} real jobs: {dead:.1f} s")
-    sim = simulate(real, overheads)
-    return 0 if compare(real, sim, args.tolerance) else 1
+        m = measure(path.parent, real, overheads)
+        overheads, lag = m.overheads, m.lag
+        print("measured in the real run (decisions): " + ", ".join(f"{k} {n}" for k, n in sorted(m.counts.items())))
+        if lag:
+            print(f"registration lag: median {statistics.median(lag.values()):.1f} s over {len(lag)} jobs")
+    elif overheads.source == "guess":
+        print(f"note: {args.overheads} is missing: suspend/migrate costs are the simulator's guesses")
+    sim = simulate(real, overheads, lag)
+    s_sus = sum(j.suspends for j in sim.jobs)
+    r_sus = sum(sum(1 for *_, why in j.slice_log if why == "quantum") for j in real.jobs)
+    print(f"suspends: real {r_sus}, simulated {s_sus}")
+    return 0 if compare(real, sim, args.tolerance, lag) else 1
 
 
 if __name__ == "__main__":

@@ -240,6 +240,7 @@ class DemoResult:
     policy: str
     failures: tuple[str, ...] = field(default_factory=tuple)
     params: tuple[tuple[str, str], ...] = ()  # the policy's parameters as written in the config
+    tick: float = 3.0  # the controller's tick
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -262,7 +263,8 @@ class DemoResult:
             for j in d["jobs"]
         )
         return DemoResult(jobs, d["started"], d["finished"], d["quantum"], d["policy"],
-                          tuple(d.get("failures", ())), tuple((str(k), str(v)) for k, v in d.get("params", ())))
+                          tuple(d.get("failures", ())), tuple((str(k), str(v)) for k, v in d.get("params", ())),
+                          float(d.get("tick", 3.0)))
 
 
 def measured_rate(row: JobRow, now: float, fresh: float) -> tuple[int, float] | None:
@@ -536,7 +538,7 @@ class Demo:
                 )
                 for r in rows
             ),
-            started, finished, self.quantum, self.policy, tuple(bad), tuple(self.params.items()),
+            started, finished, self.quantum, self.policy, tuple(bad), tuple(self.params.items()), self.tick,
         )
         self.results_path.write_text(result.to_json())
         self._reports(cluster, [r.job_id for r in rows])

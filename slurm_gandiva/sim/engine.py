@@ -62,6 +62,7 @@ class Overheads:
     migrate: float | None = None
     resize: float | None = None
     pack: float | None = None
+    finish: float = 0.0  # a finished job holds its GPUs this long after its last sample (process exit)
     source: str = "guess"
 
     def cost(self, action: Action) -> float:
@@ -81,7 +82,7 @@ class Overheads:
 
     @staticmethod
     def from_file(path: str | Path) -> Overheads:
-        """Read measured costs: top-level keys start/suspend/resume/migrate/resize/pack, each a number
+        """Read measured costs: top-level keys start/suspend/resume/migrate/resize/pack/finish, each a number
         of seconds or an object with one of median, p50, mean, seconds (first found wins)."""
         p = Path(path)
         try:
@@ -93,7 +94,7 @@ class Overheads:
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a JSON object of overheads")
         values: dict[str, float] = {}
-        for key in ("start", "suspend", "resume", "migrate", "resize", "pack"):
+        for key in ("start", "suspend", "resume", "migrate", "resize", "pack", "finish"):
             v = data.get(key, data.get(f"{key}_s"))
             if isinstance(v, dict):
                 v = next((v[k] for k in ("median", "p50", "mean", "seconds") if k in v), None)
@@ -215,6 +216,7 @@ class _Rec:
         "asked",
         "began",
         "dead_until",
+        "done_at",
         "finish",
         "first100",
         "job",
@@ -241,6 +243,7 @@ class _Rec:
         self.step_rate = 0.0  # mini-batches/s
         self.dead_until = 0.0
         self.began = 0.0  # when the current slice was decided
+        self.done_at: float | None = None  # when the last sample was done (the process still exits)
         self.steps = 0.0
         self.progress = 0.0  # samples done (the Job snapshot is synced at each decision)
         self.service = 0.0
@@ -256,10 +259,14 @@ class _Rec:
     def expiry(self, quantum: float) -> float:
         return self.training_start() + quantum
 
-    def completion_time(self, now: float) -> float:
+    def completion_time(self, now: float, finish: float = 0.0) -> float:
+        """When the job ends at its current speed: its last sample, plus `finish` s of process exit."""
         if self.rate <= 0:
             return math.inf
-        return max(now, self.dead_until) + max(0.0, self.total - self.progress) / self.rate
+        left = max(0.0, self.total - self.progress)
+        if left <= 0:
+            return max(now, self.dead_until) if self.done_at is None else max(now, self.done_at + finish)
+        return max(now, self.dead_until) + left / self.rate + finish
 
 
 ProgressFn = Callable[[int, int, float], None]
@@ -342,6 +349,7 @@ class Simulator:
         n = len(recs)
         quantum = getattr(self.policy, "quantum", None)
         tick = self.config.tick
+        finish_cost = self.config.overheads.finish
         wake_hook: Callable[[ClusterView, float], float | None] | None = getattr(self.policy, "next_decision", None)
         wake: float | None = None
         feedback = self.config.feedback_batches
@@ -362,7 +370,7 @@ class Simulator:
         while done < n:
             # --- next event time
             t_arr = recs[nxt].job.spec.submit_time if nxt < n else math.inf
-            t_done = min((r.completion_time(t) for r in running.values()), default=math.inf)
+            t_done = min((r.completion_time(t, finish_cost) for r in running.values()), default=math.inf)
             waiting = len(active) - len(running)
             if wake_hook is not None:
                 ticking = wake is not None
@@ -388,7 +396,9 @@ class Simulator:
             self._advance(running.values(), t, t_next, feedback)
             t = t_next
             # --- completions
-            finished = [r for r in running.values() if r.completion_time(t) <= t + _EPS * max(1.0, t)]
+            finished = [
+                r for r in running.values() if r.completion_time(t, finish_cost) <= t + _EPS * max(1.0, t)
+            ]
             if finished:
                 touched: set[_Key] = set()
                 for r in finished:
@@ -466,6 +476,11 @@ class Simulator:
             if productive <= 0:
                 r.overhead += held
                 continue
+            left = r.total - r.progress
+            if r.rate > 0 and r.rate * productive >= left:  # the last sample is done in this interval
+                if r.done_at is None:
+                    r.done_at = begin + max(0.0, left) / r.rate
+                productive = max(0.0, left) / r.rate
             r.overhead += held - productive
             r.progress += r.rate * productive
             before = r.steps

@@ -234,3 +234,11 @@ def test_tick_decides_as_often_as_the_controller() -> None:
     ticked = Simulator(jobs, SliceAfter20(), replace(cfg, tick=7.0)).run()
     assert ticked.jobs[0].suspends >= 1 and ticked.decisions > quiet.decisions
     assert ticked.jobs[0].first_start == 0.0 and ticked.jobs[1].first_start == pytest.approx(21.0)
+
+
+def test_finish_overhead_holds_the_gpus_after_the_last_sample() -> None:
+    """With finish=3, a 100 s job ends at 103 and the next one on its GPU starts then."""
+    cfg = replace(ONE_GPU, overheads=Overheads(start=0, suspend=0, resume=0, finish=3.0))
+    res = Simulator(trace(("a", 0, 100, 1), ("b", 0, 100, 1)), ToyFifo(), cfg).run()
+    assert jcts(res) == pytest.approx({"a": 103.0, "b": 206.0})
+    assert res.jobs[0].overhead_seconds == pytest.approx(3.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -52,10 +53,35 @@ def test_speed_profile_interpolates_measured_rates(bench: ModuleType) -> None:
     assert prof.throughput((4, 4)) == pytest.approx(200.0)  # spreading never pays
 
 
-def test_slice_dead_time_uses_jobs_on_one_count(bench: ModuleType) -> None:
-    dead, n = bench.slice_dead_time(_real(), bench.speed_profile(_real()))
-    assert n == 2  # job 3 changed its GPU count (and has an open slice)
-    assert dead == pytest.approx(3.5)  # median of 5 and 2
+def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: ModuleType, tmp_path: Path) -> None:
+    """start: intent -> fresh_start; resume: intent -> resumed; suspend: intent -> outcome; finish: training
+    done -> Slurm's end; lag: submission -> registration."""
+    from slurm_gandiva.model import GpuRef, JobSpec, Placement
+    from slurm_gandiva.plan import Action
+    from slurm_gandiva.sim.engine import Overheads
+    from slurm_gandiva.store import Outcome, Store
+
+    real = _real()
+    (tmp_path / "controller").mkdir()
+    store = Store(f"sqlite:///{tmp_path / 'controller' / 'gandiva.db'}")
+    one = Placement((GpuRef("n1", 0),))
+    times = {"1": [("fresh_start", 7.0), ("training_done", 15.5)],
+             "2": [("fresh_start", 8.0), ("resumed", 26.0), ("training_done", 29.0)]}
+    for j in real.jobs[:2]:
+        store.upsert_job(JobSpec(j.job_id, "u", j.min_gpus, j.max_gpus, j.submitted), at=j.submitted + 1.5)
+        log = tmp_path / "cluster" / "jobs" / j.job_id / "events.jsonl"
+        log.parent.mkdir(parents=True)
+        log.write_text("".join(json.dumps({"event": ev, "time": at}) + "\n" for ev, at in times[j.job_id]))
+    for jid, action, at, done in (("1", Action.START, 2.0, 3.0), ("2", Action.START, 2.0, 3.0),
+                                  ("2", Action.SUSPEND, 10.0, 10.5), ("2", Action.RESUME, 20.0, 21.0)):
+        did = store.record_intent(jid, action, None if action is Action.SUSPEND else one, "", at)
+        store.record_outcome(did, Outcome.SUCCEEDED, "", done)
+    store.close()
+    m = bench.measure(tmp_path, real, Overheads())
+    assert m.overheads.start == pytest.approx(5.5)  # median of 5 and 6
+    assert m.overheads.resume == pytest.approx(6.0) and m.overheads.suspend == pytest.approx(0.5)
+    assert m.overheads.finish == pytest.approx(0.75)  # median of 0.5 and 1.0
+    assert m.lag == pytest.approx({"1": 1.5, "2": 1.5})
 
 
 def test_simulation_runs_the_same_jobs(bench: ModuleType) -> None:
