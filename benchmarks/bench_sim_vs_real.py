@@ -36,6 +36,7 @@ from slurm_gandiva.sim.trace import Trace, TraceJob
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "demo"
+ROUND_S = 1.5  # decisions recorded this close together belong to one controller round
 
 
 def speed_profile(real: DemoResult, gpus_per_node: int = 4, nodes: int = 2) -> ModelProfile:
@@ -79,8 +80,31 @@ def _median(xs: list[float], default: float) -> float:
     return statistics.median(xs) if xs else default
 
 
+def fit_crowd(samples: list[tuple[str, int, float]]) -> tuple[float, dict[str, float]]:
+    """Least squares of cost = base[action] + crowd * others over (action, others starting in the same
+    round, cost) samples: one shared slope (clamped at 0), one intercept per action (at least 0)."""
+    by: dict[str, list[tuple[int, float]]] = {}
+    for a, n, c in samples:
+        by.setdefault(a, []).append((n, c))
+    sxy = sxx = 0.0
+    for pts in by.values():
+        mx = statistics.mean(n for n, _ in pts)
+        my = statistics.mean(c for _, c in pts)
+        sxy += sum((n - mx) * (c - my) for n, c in pts)
+        sxx += sum((n - mx) ** 2 for n, _ in pts)
+    slope = max(0.0, sxy / sxx) if sxx > 0 else 0.0
+    base = {
+        a: max(0.0, statistics.mean(c for _, c in pts) - slope * statistics.mean(n for n, _ in pts))
+        for a, pts in by.items()
+    }
+    return slope, base
+
+
 def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
-    """The mechanisms' costs in the real run, from the controller's store and the wrapper's event logs."""
+    """The mechanisms' costs in the real run, from the controller's store and the wrapper's event logs.
+
+    A start-up's cost grows with the number of jobs starting in the same round (on this machine every
+    node shares two cores): it is fitted as base + crowd x (others starting then)."""
     from job_wrapper.progress import read_events
     from slurm_gandiva.plan import Action
     from slurm_gandiva.store import Outcome, Store
@@ -89,7 +113,8 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     if not db.is_file():
         raise SystemExit(f"{db} is missing: pass the --state-dir of the demo run, or --no-calibrate")
     jobs_dir = state_dir / "cluster" / "jobs"
-    costs: dict[Action, list[float]] = {}
+    starts: list[tuple[str, float, float]] = []  # (action, intent, cost)
+    suspends: list[float] = []
     finish: list[float] = []
     lag: dict[str, float] = {}
     store = Store(f"sqlite:///{db}")
@@ -108,26 +133,31 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
                     continue
                 if d.action is Action.SUSPEND:
                     if d.outcome_at is not None:
-                        costs.setdefault(d.action, []).append(d.outcome_at - d.intent_at)
+                        suspends.append(d.outcome_at - d.intent_at)
                     continue
                 began = next((t for t in trained if t >= d.intent_at), None)
                 if began is not None:
-                    costs.setdefault(d.action, []).append(began - d.intent_at)
+                    starts.append((d.action.value, d.intent_at, began - d.intent_at))
     finally:
         store.close()
-    start = _median(costs.get(Action.START, []), fallback.start)
-    resume = _median(costs.get(Action.RESUME, []), max(start, fallback.resume))
+    samples = [(a, sum(1 for _, t2, _ in starts if abs(t2 - t) < ROUND_S) - 1, c) for a, t, c in starts]
+    crowd, base = fit_crowd(samples)
+    start = base.get(Action.START.value, fallback.start)
+    resume = base.get(Action.RESUME.value, max(start, fallback.resume))
+    suspend = _median(suspends, fallback.suspend)
     over = replace(
         fallback,
         start=start,
         resume=resume,
-        suspend=_median(costs.get(Action.SUSPEND, []), fallback.suspend),
-        migrate=_median(costs.get(Action.MIGRATE, []), fallback.suspend + resume),
-        resize=_median(costs.get(Action.RESIZE, []), fallback.suspend + resume),
+        suspend=suspend,
+        migrate=base.get(Action.MIGRATE.value, suspend + resume),
+        resize=base.get(Action.RESIZE.value, suspend + resume),
         finish=_median(finish, 0.0),
+        crowd=crowd,
         source=f"measured in the real run ({db})",
     )
-    counts = {a.value: len(v) for a, v in costs.items()}
+    counts = {a: sum(1 for x, _, _ in samples if x == a) for a in base}
+    counts["suspend"] = len(suspends)
     counts["finish"] = len(finish)
     return Measured(over, lag, counts)
 
@@ -191,7 +221,8 @@ def compare(real: DemoResult, sim: SimResult, tolerance: float, lag: dict[str, f
     print(
         f"policy {real.policy}, quantum {real.quantum:g} s, tick {real.tick:g} s; overheads {o.source}:\n"
         f"  start {o.start:.1f} s, suspend {o.suspend:.1f} s, resume {o.resume:.1f} s, "
-        f"migrate {o.migrate or 0:.1f} s, resize {o.resize or 0:.1f} s, finish {o.finish:.1f} s"
+        f"migrate {o.migrate or 0:.1f} s, resize {o.resize or 0:.1f} s, finish {o.finish:.1f} s, "
+        f"+{o.crowd:.1f} s per other job starting in the same round"
     )
     print(f"{'job':>6} {'name':<4} {'gpus':<5} {'real JCT s':>10} {'sim JCT s':>10} {'sim/real':>8}  within")
     ok = True

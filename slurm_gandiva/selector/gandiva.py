@@ -13,11 +13,12 @@ One round:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Locality, Placement, Topology, TrialKind
+from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Locality, Node, Placement, Topology, TrialKind
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector.afs import afs_counts, tie_rank
 from slurm_gandiva.selector.common import (
@@ -118,11 +119,12 @@ def _verdicts(
 
 
 def _las_counts(
-    jobs: Sequence[Job], now: float, cap: int, min_slice: float, seed: int, hysteresis: float
+    jobs: Sequence[Job], now: float, cap: int, min_slice: float, seed: int, hysteresis: float, step: float = 0.0
 ) -> tuple[list[Job], dict[str, int]]:
     """Gandiva time-slicing: pinned young slices, then least attained service per GPU first.
 
-    A running job counts `hysteresis` seconds less service, so a waiting job takes its GPUs only when
+    Service per GPU is compared in whole `step`s (0: exactly). A running job counts `hysteresis`
+    seconds less service, so a waiting job takes its GPUs only when
     it is that far behind: slices last about two quanta instead of swapping everyone every round.
     """
     holders: dict[GpuRef, int] = {}
@@ -136,10 +138,16 @@ def _las_counts(
             return sum(1.0 / holders[g] for g in j.placement.gpus)
         return float(k)
 
+    def service(j: Job) -> float:
+        per_gpu = j.attained_service / j.spec.min_gpus - (hysteresis if j.state is JobState.RUNNING else 0.0)
+        # Compared in whole steps: jobs whose service differs by start-up jitter (jobs started in the
+        # same round) tie and fall to the stable keys below, instead of sub-second noise choosing.
+        return math.floor(per_gpu / step + 1e-9) if step > 0 else per_gpu
+
     order = sorted(
         jobs,
         key=lambda j: (
-            j.attained_service / j.spec.min_gpus - (hysteresis if j.state is JobState.RUNNING else 0.0),
+            service(j),
             wait_since(j),
             j.spec.submit_time,
             tie_rank(seed, j.job_id),
@@ -184,6 +192,7 @@ def _run_round(
     min_slice: float,
     reason: str,
     memo: Memo,
+    reserve: bool = False,
 ) -> Plan:
     for job_id, p in back.items():
         if p is None:
@@ -192,6 +201,24 @@ def _run_round(
     for jid, p in fixed.items():
         counts[jid] = p.count
     targets, pool = realize(view, order, counts, reason=reason, fixed=fixed, reverts=reverts, memo=memo)
+    res = _reservation(view, order, targets, now, min_slice) if reserve else None
+    if res is not None:
+        # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
+        # lower-priority jobs there once nothing younger than a min slice is left in its way.
+        for jid in res.yields:
+            counts[jid] = 0
+        pool = GpuPool(view.topology, memo)
+        hold = Placement(res.held)
+        pool.book(hold)
+        targets, pool = realize(
+            view, order, counts, pool=pool, reason=reason, fixed=fixed, reverts=reverts, memo=memo
+        )
+        if res.startable:
+            pool.release(hold)
+            head = res.head
+            p = pool.find(head, head.spec.min_gpus)
+            if p is not None and pool.book(p):
+                targets.set(head.job_id, p, f"{reason}: its turn, on GPUs kept free for it")
     final = {j.job_id: targets.placements.get(j.job_id, j.placement) for j in jobs}
     waiting = [j for j in order if final[j.job_id] is None and j.state is not JobState.RUNNING]
     waiting += [j for j in order if final[j.job_id] is None and j.state is JobState.RUNNING]
@@ -216,6 +243,78 @@ def _run_round(
     if knobs.grow and not waiting and pool.free_count:
         _grow(jobs, final, targets, pool, knobs, speeds, now, min_slice)
     return targets.plan(view)
+
+
+@dataclass(frozen=True)
+class _Reservation:
+    head: Job  # the waiting job the GPUs are kept for
+    held: tuple[GpuRef, ...]  # GPUs nobody else may take this round
+    yields: tuple[str, ...]  # lower-priority running jobs stopped for it
+    startable: bool  # `held` is enough for it now
+
+
+def _reservation(
+    view: ClusterView, order: Sequence[Job], targets: Targets, now: float, min_slice: float
+) -> _Reservation | None:
+    """GPUs to keep for the highest-priority waiting job that got none, when it needs several.
+
+    Without this, a waiting 4-GPU job is never placed while 1-GPU jobs keep starting on each GPU that
+    frees up (their young slices are pinned): it waits until the cluster drains. The node chosen is one
+    where the jobs ahead of it in priority leave room for it: preferably one where it can start now
+    (stopping the lowest-priority jobs there), else the one with fewest GPUs pinned by young slices,
+    whose free GPUs then stay idle (at most one min slice) instead of starting new slices.
+    """
+    head = next(
+        (j for j in order if j.state is not JobState.RUNNING and targets.placements.get(j.job_id) is None), None
+    )
+    if head is None or head.spec.min_gpus < 2:
+        return None
+    k = head.spec.min_gpus
+    rank = {j.job_id: i for i, j in enumerate(order)}
+    mine = rank[head.job_id]
+    holders: dict[str, list[tuple[Job, int]]] = {}  # node -> (running job, GPUs it holds there)
+    for j in order:
+        if j.state is JobState.RUNNING and j.placement is not None:
+            for name in j.placement.nodes:
+                holders.setdefault(name, []).append((j, len(j.placement.on_node(name))))
+    best: tuple[tuple[int, int, int, str], _Reservation] | None = None
+    for node in view.topology.nodes:
+        if not node.up or len(node.gpus) < k:
+            continue
+        permanent = pinned = 0
+        movable: list[tuple[Job, int]] = []
+        for j, n in holders.get(node.name, ()):
+            if rank[j.job_id] < mine:
+                permanent += n
+            elif slice_age(j, now) < min_slice:
+                pinned += n
+            else:
+                movable.append((j, n))
+        if len(node.gpus) - permanent < k:
+            continue
+        on_node = holders.get(node.name, [])
+        startable = len(node.gpus) - permanent - pinned >= k
+        yields: list[str] = []
+        free = _free_on(node, on_node, yields)
+        if startable:
+            movable.sort(key=lambda m: -rank[m[0].job_id])  # the lowest priority stops first
+            for j, _ in movable:
+                if len(free) >= k:
+                    break
+                yields.append(j.job_id)
+                free = _free_on(node, on_node, yields)
+            if len(free) < k:  # shared GPUs: a sharer still holds one
+                continue
+        score = (0 if startable else 1, pinned, len(yields), node.name)
+        if best is None or score < best[0]:
+            best = (score, _Reservation(head, tuple(free), tuple(yields), startable))
+    return best[1] if best is not None and best[1].held else None
+
+
+def _free_on(node: Node, holders: Sequence[tuple[Job, int]], stopping: Sequence[str]) -> list[GpuRef]:
+    """`node`'s GPUs that no running job holds once the jobs in `stopping` have stopped."""
+    busy = {g for j, _ in holders if j.job_id not in stopping and j.placement for g in j.placement.gpus}
+    return [g.ref for g in node.gpus if g.ref not in busy]
 
 
 def _unchanged(j: Job, targets: Targets) -> bool:
@@ -399,13 +498,16 @@ def _grow(
 @dataclass(frozen=True)
 class Gandiva(_TrialParams):
     """Gandiva: affinity placement, time-slicing every `quantum` seconds when jobs outnumber GPUs
-    (least attained service per GPU first; no job is suspended before `min_slice`, default one
-    quantum, nor for a job less than `hysteresis` seconds of service behind it, default one
-    quantum), and introspective packing, migration and grow-shrink trials."""
+    (least attained service per GPU first, compared in whole `service_step`s, default a quarter
+    quantum, so that start-up jitter does not decide between jobs started together; no job is
+    suspended before `min_slice`, default one quantum, nor for a job less than `hysteresis` seconds
+    of service behind it, default one quantum), and introspective packing, migration and grow-shrink
+    trials."""
 
     quantum: float | None = 60.0
     min_slice: float | None = None
     hysteresis: float | None = None
+    service_step: float | None = None  # seconds of service per GPU that count as equal; default quantum / 4
     pack: bool = True
     migrate: bool = True
     grow: bool = True
@@ -430,9 +532,22 @@ class Gandiva(_TrialParams):
         knobs = self.knobs
         back, reverts = _verdicts(jobs, now, knobs, speeds)
         hyst = self.hysteresis if self.hysteresis is not None else self.slice_floor
-        order, counts = _las_counts(jobs, now, capacity(view), self.slice_floor, self.seed, hyst)
+        step = self.service_step if self.service_step is not None else (self.quantum or 0.0) / 4
+        order, counts = _las_counts(jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step)
         return _run_round(
-            view, now, jobs, order, counts, knobs, speeds, back, reverts, self.slice_floor, "time-slice", self.memo
+            view,
+            now,
+            jobs,
+            order,
+            counts,
+            knobs,
+            speeds,
+            back,
+            reverts,
+            self.slice_floor,
+            "time-slice",
+            self.memo,
+            reserve=True,
         )
 
 

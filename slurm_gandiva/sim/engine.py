@@ -63,6 +63,7 @@ class Overheads:
     resize: float | None = None
     pack: float | None = None
     finish: float = 0.0  # a finished job holds its GPUs this long after its last sample (process exit)
+    crowd: float = 0.0  # extra start-up per other job starting in the same round (shared CPUs, disks)
     source: str = "guess"
 
     def cost(self, action: Action) -> float:
@@ -82,7 +83,7 @@ class Overheads:
 
     @staticmethod
     def from_file(path: str | Path) -> Overheads:
-        """Read measured costs: top-level keys start/suspend/resume/migrate/resize/pack/finish, each a number
+        """Read measured costs: top-level keys start/suspend/resume/migrate/resize/pack/finish/crowd, each a number
         of seconds or an object with one of median, p50, mean, seconds (first found wins)."""
         p = Path(path)
         try:
@@ -94,7 +95,7 @@ class Overheads:
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a JSON object of overheads")
         values: dict[str, float] = {}
-        for key in ("start", "suspend", "resume", "migrate", "resize", "pack", "finish"):
+        for key in ("start", "suspend", "resume", "migrate", "resize", "pack", "finish", "crowd"):
             v = data.get(key, data.get(f"{key}_s"))
             if isinstance(v, dict):
                 v = next((v[k] for k in ("median", "p50", "mean", "seconds") if k in v), None)
@@ -559,6 +560,8 @@ class Simulator:
                         busy_until[k] = suspend_end
             steps.append((d, r, left))
         moved: list[_Rec] = []
+        # Jobs whose processes start in this round compete for the nodes' CPUs while they start up.
+        crowd = cost.crowd * max(0, sum(1 for d, _, _ in steps if d.action is not Action.SUSPEND) - 1)
         for d, r, left in steps:
             r.job = apply_decision(r.job, d, t)
             a = d.action
@@ -577,7 +580,7 @@ class Simulator:
                 touched.add(k)
                 if k not in mine:
                     ready = max(ready, busy_until.get(k, 0.0))
-            r.dead_until = ready + cost.cost(a)
+            r.dead_until = ready + cost.cost(a) + crowd
             r.began = t
             running[d.job_id] = r
             moved.append(r)

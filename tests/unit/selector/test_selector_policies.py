@@ -118,10 +118,25 @@ def test_time_slice_waits_for_min_slice_then_rotates() -> None:
     a = running("a", gp("n1", 0), since=0.0, attained_service=30.0)
     b = job("b", submit=10.0)
     assert not pol.decide(ClusterView(ONE_GPU, (a, b), 30.0), 30.0)  # a's slice is younger than 60 s
-    a = a.evolve(attained_service=70.0)
-    plan = pol.decide(ClusterView(ONE_GPU, (a, b), 70.0), 70.0)
+    a = a.evolve(attained_service=70.0)  # 10 s past the hysteresis: less than a service step (15 s)
+    assert not pol.decide(ClusterView(ONE_GPU, (a, b), 70.0), 70.0)
+    a = a.evolve(attained_service=76.0)
+    plan = pol.decide(ClusterView(ONE_GPU, (a, b), 76.0), 76.0)
     assert steps(plan) == [("suspend", "a", "-"), ("start", "b", "n1:0")]
     assert pol.quantum == 60.0  # type: ignore[attr-defined]
+
+
+def test_start_up_jitter_does_not_decide_who_is_suspended() -> None:
+    """Two jobs started in the same round differ by a second of service (their slices opened a second
+    apart); the later-submitted one yields to the waiting job whichever got the extra second."""
+    topo = Topology.uniform(1, 2)
+    pol = make_policy("gandiva", pack=False, quantum=30.0, hysteresis=0.0)
+    c = job("c", submit=20.0)
+    for sa, sb in ((31.2, 31.9), (31.9, 31.2)):
+        a = running("a", gp("n1", 0), since=0.0, attained_service=sa, submit=0.0)
+        b = running("b", gp("n1", 1), since=0.0, attained_service=sb, submit=5.0)
+        plan = pol.decide(ClusterView(topo, (a, b, c), 40.0), 40.0)
+        assert [(x, j) for x, j, _ in steps(plan)] == [("suspend", "b"), ("start", "c")], (sa, sb)
 
 
 def test_time_slice_picks_least_service_then_longest_waiting() -> None:
@@ -141,6 +156,36 @@ def test_time_slice_hysteresis_avoids_swapping_every_round() -> None:
     assert not pol.decide(ClusterView(ONE_GPU, (a, b), 100.0), 100.0)  # b is only 50 s behind
     plan = pol.decide(ClusterView(ONE_GPU, (a.evolve(attained_service=111.0), b), 111.0), 111.0)
     assert steps(plan) == [("suspend", "a", "-"), ("resume", "b", "n1:0")]
+
+
+def test_a_waiting_four_gpu_job_gets_a_node_kept_for_it_instead_of_starving() -> None:
+    """Eight 1-GPU jobs hold both nodes; a 4-GPU job with no service waits. Where young slices pin GPUs
+    on both nodes, the free GPU of the node with fewest pinned ones stays idle (no new 1-GPU slice
+    starts there); once that node's pinned slices are old, its lowest-priority jobs stop and the 4-GPU
+    job starts there (on n2, where the old slices are)."""
+    pol = make_policy("gandiva", pack=False, quantum=30.0, hysteresis=0.0)
+    now = 100.0
+
+    def one(jid: str, node: str, i: int, since: float, service: float) -> Job:
+        return running(jid, gp(node, i), since=since, attained_service=service)
+
+    old = [one(f"o{i}", "n2", i, 0.0, 100.0 + i) for i in range(4)]  # 100 s of service, slices 100 s old
+    young = [one(f"y{i}", "n1", i, 90.0, 10.0) for i in range(3)]  # 10 s old: pinned
+    big = job("big", 4, submit=50.0)
+    small = job("small", 1, submit=60.0)  # also waits, after the big one in LAS order
+    plan = pol.decide(ClusterView(TWO_BY_FOUR, (*old, *young, big, small), now), now)
+    got = steps(plan)
+    assert ("start", "big", "n2:0+1+2+3") in got
+    assert sorted(j for a, j, _ in got if a == "suspend") == ["o0", "o1", "o2", "o3"]
+    assert ("start", "small", "n1:3") in got  # a GPU the big job does not need
+    # Both nodes pinned: n1 (2 pinned, 2 free) is the big job's; its free GPUs stay idle, nothing stops.
+    pinned_n1 = [one(f"y{i}", "n1", i, 90.0, 10.0) for i in range(2)]
+    n2 = [one(f"p{i}", "n2", i, 95.0, 5.0) for i in range(3)] + [one("q", "n2", 3, 0.0, 100.0)]
+    plan = pol.decide(ClusterView(TWO_BY_FOUR, (*pinned_n1, *n2, big, small), now), now)
+    assert not plan, steps(plan)
+    # Without the reservation the small job would have started on n1 (the policy before this change).
+    alone = pol.decide(ClusterView(TWO_BY_FOUR, (*pinned_n1, *n2, small), now), now)
+    assert [(a, j) for a, j, _ in steps(alone)] == [("start", "small")]
 
 
 def test_attained_service_is_per_gpu_for_fairness() -> None:
