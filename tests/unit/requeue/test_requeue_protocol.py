@@ -379,3 +379,42 @@ def test_gres_and_gpu_choice_helpers() -> None:
     s.add(FakeJob("2", node="n1", gpus=(3,), shared=True))
     assert busy_gpus(s.jobs(), "n1") == {0, 1, 3}
     assert busy_gpus(s.jobs(), "n1", exclude="1") == {3}
+
+
+def test_a_released_job_left_pending_is_released_again(clock: FakeClock) -> None:
+    """Slurm 22.05 may leave a released job pending after its one scheduling try; the protocol holds and
+    releases it again every `kick_after` s until it runs."""
+    from dataclasses import replace as dc_replace
+
+    from slurm_gandiva.slurm.base import SlurmJob
+
+    class Stuck:
+        """Runs the job only after it was released a second time."""
+
+        def __init__(self) -> None:
+            self.releases = 0
+            self.calls: list[str] = []
+            self.job = SlurmJob("7", "t", "u", "PENDING", "Resources", HoldKind.NONE, ("n1",))
+
+        def job_(self) -> SlurmJob:
+            return self.job
+
+        def hold(self, job_id: str) -> None:
+            self.calls.append("hold")
+            self.job = dc_replace(self.job, hold=HoldKind.ADMIN, reason="JobHeldAdmin")
+
+        def release(self, job_id: str) -> None:
+            self.calls.append("release")
+            self.releases += 1
+            state = "RUNNING" if self.releases >= 2 else "PENDING"
+            self.job = dc_replace(self.job, state=state, hold=HoldKind.NONE, reason="None")
+
+    stuck = Stuck()
+    stuck.release("7")
+    backend = type("B", (), {"job": lambda self, jid: stuck.job_(), "hold": lambda self, jid: stuck.hold(jid),
+                             "release": lambda self, jid: stuck.release(jid)})()
+    proto = RequeueProtocol(backend, clock=clock, sleep=clock.sleep, kick_after=3.0, start_timeout=30.0)
+    job, ok, kicks = proto._wait_start("7")
+    assert job.state == "RUNNING"
+    assert ok and kicks == 1 and stuck.calls == ["release", "hold", "release"]
+    assert clock.t - 1000.0 >= 3.0  # not before kick_after
