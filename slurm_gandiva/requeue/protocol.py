@@ -297,10 +297,8 @@ class RequeueProtocol:
         jobs_root: str | os.PathLike[str] | None = None,
         wall: Callable[[], float] = time.time,
         credential_guard: float = CREDENTIAL_GUARD_S,
-        kick_after: float = 3.0,
     ) -> None:
         self.backend = backend
-        self.kick_after = kick_after
         self.wall = wall
         self.credential_guard = credential_guard
         self._stopped: dict[str, float] = {}  # job id -> wall time its last incarnation was seen stopped
@@ -565,10 +563,10 @@ class RequeueProtocol:
         box: list[SlurmJob] = []
 
         def wait_running() -> str:
-            j, ok, kicks = self._wait_start(job_id)
+            j, ok = self._wait(job_id, lambda j: phase(j) is Phase.RUNNING, self.start_timeout)
             box.append(j)
             if ok:
-                return f"RUNNING on {','.join(j.nodes)}" + (f" (after {kicks} re-release)" if kicks else "")
+                return f"RUNNING on {','.join(j.nodes)}"
             if j.finished:
                 return f"finished: {j.state}"
             # Do not leave it free to start later where the controller no longer expects it.
@@ -594,32 +592,6 @@ class RequeueProtocol:
 
         run.do(Step.VERIFY, verify)
         return run.result(Outcome.RUNNING, placement)
-
-    def _wait_start(self, job_id: str) -> tuple[SlurmJob, bool, int]:
-        """Poll until the released job runs; re-release it every `kick_after` s while it stays pending.
-
-        Slurm 22.05 tries a released job once, in the release's own scheduling pass; released onto GPUs
-        whose last job is still completing, it then often stays pending until some other job ends (its
-        periodic passes fail on typed GRES: "job_spec lacks GRES counter"). A hold + release makes it
-        try again. Returns the last view, whether it runs, and how many re-releases it took.
-        """
-        deadline = self.clock() + self.start_timeout
-        kick_at = self.clock() + self.kick_after
-        kicks = 0
-        while True:
-            job = self.backend.job(job_id)
-            if phase(job) is Phase.RUNNING or job.finished:
-                return job, phase(job) is Phase.RUNNING, kicks
-            now = self.clock()
-            if now >= deadline:
-                return job, False, kicks
-            if self.kick_after > 0 and now >= kick_at and phase(job) is Phase.RELEASED:
-                with contextlib.suppress(SlurmError):  # it may have started meanwhile: then it just runs
-                    self.backend.hold(job_id)
-                    self.backend.release(job_id)
-                    kicks += 1
-                kick_at = now + self.kick_after
-            self.sleep(self.poll_interval)
 
     def _credential_wait(self, job: SlurmJob) -> float:
         """Sleep until `credential_guard` s after the job's last incarnation stopped; the seconds slept."""
