@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -176,7 +176,7 @@ class Actor:
         blocked: set[GpuRef] = set()
         suspends = plan.by_action(Action.SUSPEND)
         if suspends:
-            for r in self._suspend_all(suspends):
+            for r in self._run_all(list(suspends)):
                 results.append(r)
                 if not r.ok and held and r.decision.job_id in held:
                     blocked.update(held[r.decision.job_id].gpus)
@@ -212,9 +212,6 @@ class Actor:
             self._decision_of.pop(d.job_id, None)
             for key in [k for k in self._open_steps if k[0] == d.job_id]:
                 del self._open_steps[key]
-
-    def _suspend_all(self, decisions: Iterable[Decision]) -> list[ActResult]:
-        return self._run_all(list(decisions))
 
     def _run_all(self, ds: list[Decision]) -> list[ActResult]:
         """Record every intent, then carry the decisions out concurrently (results in `ds`'s order)."""
