@@ -183,7 +183,7 @@ def training_start(started: float, progress: ProgressLike | None, rates: Iterabl
     """
     began = progress.started if progress is not None else None
     firsts = [r.at for r in rates if r.at >= started]
-    if began is not None and began >= started - TRAINING_START_SLACK_S and progress is not None:
+    if began is not None and began >= started - TRAINING_START_SLACK_S:
         first = max(started, began)  # the wrapper says when this incarnation's training began
     elif firsts:
         first = min(firsts)

@@ -394,7 +394,10 @@ class RequeueProtocol:
         else:
             run.skip(Step.WAIT_CHECKPOINT, "not signalled")
         self._admin_hold(run, job)
-        self._stopped[job_id] = self.wall()
+        now = self.wall()
+        # Only stops younger than the guard matter; a long-running controller must not keep them all.
+        self._stopped = {j: t for j, t in self._stopped.items() if now - t < self.credential_guard}
+        self._stopped[job_id] = now
         detail = ""
         if outcome is Outcome.ESCALATED:
             detail = (
