@@ -281,9 +281,10 @@ def _reservation(
     for node in view.topology.nodes:
         if not node.up or len(node.gpus) < k:
             continue
+        on_node = holders.get(node.name, [])
         permanent = pinned = 0
         movable: list[tuple[Job, int]] = []
-        for j, n in holders.get(node.name, ()):
+        for j, n in on_node:
             if rank[j.job_id] < mine:
                 permanent += n
             elif slice_age(j, now) < min_slice:
@@ -292,7 +293,6 @@ def _reservation(
                 movable.append((j, n))
         if len(node.gpus) - permanent < k:
             continue
-        on_node = holders.get(node.name, [])
         startable = len(node.gpus) - permanent - pinned >= k
         yields: list[str] = []
         free = _free_on(node, on_node, yields)
