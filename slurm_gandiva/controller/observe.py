@@ -302,15 +302,18 @@ def build_view(
 
 
 def blocked_nodes(slices: Iterable[SliceRecord], taken: set[GpuRef]) -> frozenset[str]:
-    """Nodes a requeued job cannot start on now: where another job holds a GPU of its last slice.
+    """Nodes a requeued job cannot start on now: those where another job holds a GPU with the index of
+    one its last slice had (on any node).
 
-    Slurm 22.05 does not start a requeued job on the node it last ran on while any GPU it held there is
-    taken, whatever free GPUs its new gres names: it waits until that job ends (README, Slurm facts).
+    Slurm 22.05 keeps a requeued job's old GRES indices: it does not start the job on a node while a GPU
+    of one of those indices is taken there, whatever free GPUs its new gres names; it waits until that
+    GPU frees (README, Slurm facts).
     """
     last = max((s for s in slices if s.end is not None), key=lambda s: s.end or 0.0, default=None)
     if last is None:
         return frozenset()
-    return frozenset(g.node for g in last.placement.gpus if g in taken)
+    old = {g.index for g in last.placement.gpus}
+    return frozenset(g.node for g in taken if g.index in old)
 
 
 def _id_key(job_id: str) -> tuple[int, str]:
