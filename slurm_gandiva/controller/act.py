@@ -168,8 +168,11 @@ class Actor:
             crash_point(self.crash_at, point, f"{action.value}:{point}")
 
     # -- executing a plan ------------------------------------------------------------------------------
-    def execute(self, plan: Plan, held: dict[str, Placement] | None = None) -> tuple[ActResult, ...]:
-        """Run every decision of `plan`; `held` maps running jobs to their GPUs (to isolate failed suspends)."""
+    def execute(
+        self, plan: Plan, held: dict[str, Placement] | None = None, last: dict[str, Placement] | None = None
+    ) -> tuple[ActResult, ...]:
+        """Run every decision of `plan`; `held` maps running jobs to their GPUs (to isolate failed suspends
+        and order moves), `last` the jobs it resumes to where they last ran (to order starts, see _waves)."""
         if self.protocol is None:
             raise RuntimeError("Actor.protocol is not set")
         results: list[ActResult] = []
@@ -181,7 +184,7 @@ class Actor:
                 if not r.ok and held and r.decision.job_id in held:
                     blocked.update(held[r.decision.job_id].gpus)
         rest = [d for d in plan.decisions if d.action is not Action.SUSPEND]
-        for wave in _waves(rest, held or {}):
+        for wave in _waves(rest, held or {}, last or {}):
             if self.should_stop():
                 log.info("stopping: %d decisions of this plan not started", len(plan) - len(results))
                 break
@@ -337,18 +340,35 @@ class Actor:
             return ""
 
 
-def _waves(decisions: list[Decision], held: dict[str, Placement]) -> list[list[Decision]]:
-    """`decisions` in waves: one waits for the decisions of the jobs that hold its target GPUs now.
+def _waves(
+    decisions: list[Decision], held: dict[str, Placement], last: dict[str, Placement] | None = None
+) -> list[list[Decision]]:
+    """`decisions` in waves: one waits for the decisions of the jobs that hold its target GPUs now, and
+    for those of requeued jobs going to its node that had one of its GPUs' indices before.
 
-    Within a wave no decision targets GPUs held by a job with a decision still to come. A cycle (two
-    jobs swapping GPUs) cannot be ordered: what is left then runs one at a time, in plan order.
+    Slurm 22.05 keeps a requeued job's old GRES indices and does not start it on a node where a GPU of
+    such an index is taken (README, Slurm facts): that job must be running before another job takes
+    one. A requeued job's old GPUs are where it runs now (`held`, a migrate or resize) or where it last
+    ran (`last`, a resume). Within a wave no decision targets GPUs held by a job with a decision still
+    to come. A cycle cannot be ordered: what is left then runs one at a time, in plan order.
     """
+    last = last or {}
     acting = {d.job_id for d in decisions}
+    old_at: dict[str, tuple[str, frozenset[int]]] = {}  # job -> (target node, old GPU indices)
+    for d in decisions:
+        before = held.get(d.job_id) or last.get(d.job_id)
+        if before is not None and d.placement is not None and d.action is not Action.START:
+            old_at[d.job_id] = (d.placement.nodes[0], frozenset(g.index for g in before.gpus))
     deps: dict[int, set[str]] = {}
     for i, d in enumerate(decisions):
         want = set(d.placement.gpus) if d.placement is not None else set()
         deps[i] = {
             jid for jid, p in held.items() if jid != d.job_id and jid in acting and want.intersection(p.gpus)
+        }
+        deps[i] |= {
+            jid
+            for jid, (node, old) in old_at.items()
+            if jid != d.job_id and any(g.node == node and g.index in old for g in want)
         }
     waves: list[list[Decision]] = []
     left = list(range(len(decisions)))

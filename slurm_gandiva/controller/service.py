@@ -36,7 +36,7 @@ from slurm_gandiva.controller.observe import (
 )
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
 from slurm_gandiva.errors import ConfigError, GandivaError
-from slurm_gandiva.model import ClusterView, GpuRef, Topology, Trial, TrialKind
+from slurm_gandiva.model import ClusterView, GpuRef, Placement, Topology, Trial, TrialKind
 from slurm_gandiva.plan import Action, Plan, apply_decision
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.selector.base import Policy
@@ -193,6 +193,15 @@ class Controller:
         view = build_view(self.topology, snap.nodes, inputs, foreign_gpus(snap.jobs, self.config.partitions), now)
         return Observation(view, snap, managed, records, progress)
 
+    def _last_placements(self, plan: Plan) -> dict[str, Placement]:
+        """Where the jobs this plan resumes last ran (one store query)."""
+        ids = [d.job_id for d in plan.decisions if d.action is Action.RESUME]
+        last: dict[str, tuple[float, Placement]] = {}
+        for s in self.store.slices(job_ids=ids) if ids else ():
+            if s.end is not None and s.end >= last.get(s.job_id, (-1.0, s.placement))[0]:
+                last[s.job_id] = (s.end, s.placement)
+        return {jid: p for jid, (_, p) in last.items()}
+
     def speedup(self, model: str, max_gpus: int) -> Mapping[int, float] | None:
         """T(k)/T(1) for k = 1..max_gpus on one node from the model's scaling table (None when unknown)."""
         if not model:
@@ -253,7 +262,7 @@ class Controller:
                 self.store.record_event("bad-plan", None, msg, now)
                 return self._report(TickReport(now, view, plan, (), findings, f"bad plan: {msg}"))
             held = {j.job_id: j.placement for j in view.running if j.placement is not None}
-            results = self.actor.execute(plan, held) if plan else ()
+            results = self.actor.execute(plan, held, self._last_placements(plan)) if plan else ()
             self._note_trials(view, results)
             self._note_failures(results, now)
             return self._report(TickReport(now, view, plan, results, findings))

@@ -116,6 +116,21 @@ def test_waves_order_dependencies_and_fall_back_to_plan_order_on_a_cycle() -> No
     assert [[d.job_id for d in w] for w in _waves(swap, held)] == [["1"], ["2"]]
 
 
+def test_a_start_on_a_gpu_of_a_resumed_jobs_old_index_waits_for_that_resume() -> None:
+    """Slurm will not start a requeued job on a node where a GPU of one of its old indices is taken: job
+    7 (last on n1:2) resumes on n2:0, so job 3 may take n2:2 only once 7 runs; job 5 on n2:3 need not wait."""
+    from slurm_gandiva.controller.act import _waves
+
+    plan = [
+        Decision(Action.RESUME, "7", pl("n2", 0)),
+        Decision(Action.RESUME, "3", pl("n2", 2)),
+        Decision(Action.START, "5", pl("n2", 3)),
+    ]
+    waves = _waves(plan, {}, {"7": pl("n1", 2)})
+    assert [[d.job_id for d in w] for w in waves] == [["7", "5"], ["3"]]
+    assert [[d.job_id for d in w] for w in _waves(plan, {})] == [["7", "3", "5"]]  # nothing known: one wave
+
+
 def test_a_failed_decision_is_isolated_and_blocks_only_its_gpus(store: Store) -> None:
     backend = setup(store, {"1": ("n1", (0,)), "2": ("n1", (1,))}, ["3", "4"])
     proto = FakeProtocol(backend, fail=frozenset({"1"}))
