@@ -276,7 +276,6 @@ class Job:
     trial: Trial | None = None
     measured_rate: float | None = None  # latest measurement at the current placement
     failed_trials: frozenset[TrialKind] = frozenset()  # kinds of trial reverted on this job (not retried)
-    avoid_nodes: frozenset[str] = frozenset()  # nodes it cannot start on now (placement skips them)
 
     @property
     def job_id(self) -> str:

@@ -281,39 +281,13 @@ def build_view(
 ) -> ClusterView:
     """The ClusterView of the managed jobs that are not finished (pure)."""
     topo = topology_for(topology, nodes, foreign)
-    inputs = tuple(inputs)
-    taken = {GpuRef(node, i) for node, ixs in foreign.items() for i in ixs}
-    for i in inputs:
-        if i.slurm.running:
-            for mapping in (i.slurm.gpus, i.slurm.shards):
-                taken.update(GpuRef(node, x) for node, ixs in mapping.items() for x in ixs)
-    jobs = []
-    for i in inputs:
-        j = job_from(i, topo, now)
-        if j.state.finished:
-            continue
-        if j.state.waiting:
-            avoid = blocked_nodes(i.slices, taken)
-            if avoid:
-                j = replace(j, avoid_nodes=avoid)
-        jobs.append(j)
-    jobs.sort(key=lambda j: (j.spec.submit_time, _id_key(j.job_id)))
-    return ClusterView(topo, tuple(jobs), now)
-
-
-def blocked_nodes(slices: Iterable[SliceRecord], taken: set[GpuRef]) -> frozenset[str]:
-    """Nodes a requeued job cannot start on now: those where another job holds a GPU with the index of
-    one its last slice had (on any node).
-
-    Slurm 22.05 keeps a requeued job's old GRES indices: it does not start the job on a node while a GPU
-    of one of those indices is taken there, whatever free GPUs its new gres names; it waits until that
-    GPU frees (README, Slurm facts).
-    """
-    last = max((s for s in slices if s.end is not None), key=lambda s: s.end or 0.0, default=None)
-    if last is None:
-        return frozenset()
-    old = {g.index for g in last.placement.gpus}
-    return frozenset(g.node for g in taken if g.index in old)
+    jobs = tuple(
+        sorted(
+            (j for j in (job_from(i, topo, now) for i in inputs) if not j.state.finished),
+            key=lambda j: (j.spec.submit_time, _id_key(j.job_id)),
+        )
+    )
+    return ClusterView(topo, jobs, now)
 
 
 def _id_key(job_id: str) -> tuple[int, str]:

@@ -265,7 +265,6 @@ class GpuPool:
         max_nodes = job.spec.max_nodes
         if max_nodes is not None and gpus > max_nodes * self.max_node_gpus:
             return None
-        avoid = job.avoid_nodes
         if gpus <= self.max_node_gpus:
             others = sorted(k for k in self._keys if k not in (gpus, _EMPTY))
             best: tuple[float, list[GpuRef]] | None = None
@@ -276,8 +275,6 @@ class GpuPool:
                 scanned = 0
                 for key in keys:
                     for name in self._nodes_with(key, gpus):
-                        if avoid and name in avoid:
-                            continue
                         refs, loc = _pick_on_node(self._nodes[name], gpus)
                         score = self.factor(job, gpus, loc) - TIER_COST * tier_no
                         if best is None or score > best[0]:
@@ -291,21 +288,21 @@ class GpuPool:
                 return Placement(tuple(best[1]))
         if max_nodes == 1:
             return None
-        found = self._find_across(gpus, avoid)
+        found = self._find_across(gpus)
         if found is not None and max_nodes is not None and len(found.nodes) > max_nodes:
             return None  # the fewest nodes that hold `gpus` free GPUs are still too many
         return found
 
-    def _find_across(self, gpus: int, avoid: frozenset[str] = frozenset()) -> Placement | None:
-        """Span as few nodes as possible (none in `avoid`): whole free nodes first, then the
-        best-fitting remainder (largest first, so no placement of `gpus` free GPUs uses fewer nodes)."""
+    def _find_across(self, gpus: int) -> Placement | None:
+        """Span as few nodes as possible: whole free nodes first, then the best-fitting remainder
+        (largest first, so no placement of `gpus` free GPUs uses fewer nodes)."""
         chosen: list[GpuRef] = []
         need = gpus
         used: set[str] = set()
         by_free: dict[int, list[str]] = {}
         for (_, f), bucket in self._index.items():
             if f:
-                by_free.setdefault(f, []).extend(n for n in bucket if n not in avoid)
+                by_free.setdefault(f, []).extend(bucket)
         for f in by_free:
             by_free[f].sort()
         sizes = sorted(by_free)

@@ -179,21 +179,3 @@ def test_slice_starts_at_the_first_progress_report_not_the_slurm_start() -> None
         view = build_view(one_gpu, nodes()[:1], inputs, {}, 1028.0)
         plan = make_policy("gandiva", quantum=20.0, pack=False).decide(view, 1028.0)
         assert (not any(d.job_id == "1" for d in plan.decisions)) is kept, (p, plan)
-
-
-def test_a_suspended_job_avoids_nodes_where_a_gpu_of_its_old_index_is_taken() -> None:
-    """Slurm 22.05 will not restart a requeued job on a node while another job holds a GPU with an index
-    its last slice had (on any node); the view says so (avoid_nodes) and placement honours it."""
-    from slurm_gandiva.selector import make_policy
-
-    last = SliceRecord(1, "1", "alice", 1, pl("n1", 1), 900.0, 950.0, SliceEnd.QUANTUM)
-    suspended = JobInputs(sjob("1", restarts=1), spec("1"), (last,))
-    other = JobInputs(sjob("2", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (1,)}), spec("2"))
-    view = build_view(TOPO, nodes(), [suspended, other], {}, 1000.0)
-    assert view.job("1").avoid_nodes == frozenset({"n1"})
-    plan = make_policy("gandiva", pack=False).decide(view, 1000.0)
-    [d] = [d for d in plan.decisions if d.job_id == "1"]
-    assert d.placement is not None and d.placement.nodes == ("n2",)  # n1 has three free GPUs, but no
-    # Index 1 held on n2 (an unmanaged job): n2 is out; index 3 held on n1: nothing to avoid.
-    assert build_view(TOPO, nodes(), [suspended], {"n2": {1}}, 1000.0).job("1").avoid_nodes == {"n2"}
-    assert build_view(TOPO, nodes(), [suspended], {"n1": {3}}, 1000.0).job("1").avoid_nodes == frozenset()

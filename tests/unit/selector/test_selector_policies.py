@@ -492,10 +492,3 @@ def test_measured_badly_placed_job_gets_a_migration_trial_and_reverts_if_not_fas
         assert steps(plan) == [("migrate", "a", "n1:1+3")] and plan.decisions[0].revert, name
         # Faster under one switch: it stays, and nothing else is tried.
         assert not pol.decide(ClusterView(topo, (moved.evolve(measured_rate=60.0),), 1300.0), 1300.0)
-
-
-def test_placement_skips_the_nodes_a_job_must_avoid() -> None:
-    pool = GpuPool(TWO_BY_FOUR)
-    assert pool.find(job("x", 2, avoid_nodes=frozenset({"n1"})), 2) == gp("n2", 0, 1)
-    assert pool.find(job("y", 6, avoid_nodes=frozenset({"n1"})), 6) is None  # n2 alone holds 4
-    assert pool.find(job("z", 6), 6) is not None
