@@ -272,6 +272,9 @@ class Job:
     first_start: float | None = None
     slice_start: float | None = None  # when the current slice began (running jobs)
     last_run_end: float | None = None  # when it last stopped running
+    # The GPUs of its last slice (whole GPUs only): Slurm 22.05 keeps a requeued job's GRES indices and
+    # does not start it on a node where another job holds a GPU with one of them (see `requeue_indices`).
+    last_gpus: tuple[GpuRef, ...] = ()
     rates: RateTable = field(default_factory=RateTable)
     trial: Trial | None = None
     measured_rate: float | None = None  # latest measurement at the current placement
@@ -298,6 +301,20 @@ class Job:
         if rem is None or rate <= 0:
             return float("inf")
         return rem / rate
+
+    @property
+    def requeue_indices(self) -> frozenset[int]:
+        """GPU indices Slurm ties this job to once it is requeued: those of its current whole-GPU
+        placement (a move or resize requeues it), else those of its last slice.
+
+        Slurm 22.05 keeps a requeued job's old GRES indices: released onto other GPUs of a node where
+        another job holds a GPU with one of those indices, it stays pending until that GPU frees
+        (measured: 15-45 s stalls), whatever its new gres says. Placement avoids such nodes.
+        """
+        p = self.placement
+        if self.state is JobState.RUNNING and p is not None:
+            return frozenset() if p.shared else frozenset(g.index for g in p.gpus)
+        return frozenset(g.index for g in self.last_gpus)
 
     def evolve(self, **changes: object) -> Job:
         return replace(self, **changes)  # type: ignore[arg-type]

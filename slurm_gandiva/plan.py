@@ -142,6 +142,7 @@ def apply_decision(job: Job, d: Decision, now: float) -> Job:
             placement=None,
             slice_start=None,
             last_run_end=now,
+            last_gpus=job.placement.gpus if job.placement is not None and not job.placement.shared else (),
             trial=None,
             measured_rate=None,
         )

@@ -230,6 +230,7 @@ def job_from(inp: JobInputs, topology: Topology, now: float) -> Job:
         log.warning("job %s runs but Slurm reports no GPUs for it", sj.job_id)
     open_slice = next((s for s in slices if s.is_open), None)
     closed = [s for s in slices if not s.is_open]
+    last = max(closed, key=lambda s: s.seq, default=None)
     attained = sum(s.elapsed(now) * s.placement.count for s in slices)
     spec = inp.spec
     prog = inp.progress
@@ -265,6 +266,7 @@ def job_from(inp: JobInputs, topology: Topology, now: float) -> Job:
         first_start=min((s.start for s in slices), default=None),
         slice_start=slice_start,
         last_run_end=max((s.end for s in closed if s.end is not None), default=None),
+        last_gpus=last.placement.gpus if last is not None and not last.placement.shared else (),
         rates=rates,
         trial=inp.trial if state is JobState.RUNNING else None,
         measured_rate=measured,

@@ -109,6 +109,7 @@ class GpuPool:
         self._keys: dict[int, int] = {}
         self._shard_cap: dict[str, int] = {}
         self._factors: dict[tuple[int, int, Locality], float] = {}
+        self._node_refs: dict[str, tuple[GpuRef, ...]] = {}
         self.max_node_gpus = 0
         self._free_total = 0
         template = self.memo.per_topology(topology, _pool_template)
@@ -265,6 +266,7 @@ class GpuPool:
         max_nodes = job.spec.max_nodes
         if max_nodes is not None and gpus > max_nodes * self.max_node_gpus:
             return None
+        tied = job.requeue_indices
         if gpus <= self.max_node_gpus:
             others = sorted(k for k in self._keys if k not in (gpus, _EMPTY))
             best: tuple[float, list[GpuRef]] | None = None
@@ -275,6 +277,8 @@ class GpuPool:
                 scanned = 0
                 for key in keys:
                     for name in self._nodes_with(key, gpus):
+                        if tied and not self._clear_for(name, tied):
+                            continue
                         refs, loc = _pick_on_node(self._nodes[name], gpus)
                         score = self.factor(job, gpus, loc) - TIER_COST * tier_no
                         if best is None or score > best[0]:
@@ -288,21 +292,34 @@ class GpuPool:
                 return Placement(tuple(best[1]))
         if max_nodes == 1:
             return None
-        found = self._find_across(gpus)
+        found = self._find_across(gpus, tied)
         if found is not None and max_nodes is not None and len(found.nodes) > max_nodes:
             return None  # the fewest nodes that hold `gpus` free GPUs are still too many
         return found
 
-    def _find_across(self, gpus: int) -> Placement | None:
+    def _clear_for(self, name: str, indices: frozenset[int]) -> bool:
+        """Whether no GPU of node `name` with one of `indices` is booked (a requeued job tied to those
+        indices can start there: `Job.requeue_indices`)."""
+        free = self._nodes[name].free
+        return all(ref in free for ref in self._refs(name) if ref.index in indices)
+
+    def _refs(self, name: str) -> tuple[GpuRef, ...]:
+        refs = self._node_refs.get(name)
+        if refs is None:
+            refs = self._node_refs[name] = tuple(g.ref for g in self.topology.node(name).gpus)
+        return refs
+
+    def _find_across(self, gpus: int, tied: frozenset[int] = frozenset()) -> Placement | None:
         """Span as few nodes as possible: whole free nodes first, then the best-fitting remainder
-        (largest first, so no placement of `gpus` free GPUs uses fewer nodes)."""
+        (largest first, so no placement of `gpus` free GPUs uses fewer nodes); only nodes clear of
+        booked GPUs with the job's `tied` indices."""
         chosen: list[GpuRef] = []
         need = gpus
         used: set[str] = set()
         by_free: dict[int, list[str]] = {}
         for (_, f), bucket in self._index.items():
             if f:
-                by_free.setdefault(f, []).extend(bucket)
+                by_free.setdefault(f, []).extend(n for n in bucket if not tied or self._clear_for(n, tied))
         for f in by_free:
             by_free[f].sort()
         sizes = sorted(by_free)

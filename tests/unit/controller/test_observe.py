@@ -69,6 +69,7 @@ def test_states_placements_and_history() -> None:
     s = view.job("2")
     assert s.state is JobState.SUSPENDED and s.times_scheduled == 1 and s.last_run_end == 1200.0
     assert s.attained_service == 100.0
+    assert s.last_gpus == pl("n1", 0).gpus and s.requeue_indices == frozenset({0})  # Slurm keeps them
     r = view.job("3")
     assert r.state is JobState.RUNNING and r.placement == pl("n1", 1, 2)
     assert r.slice_start == 1900.0 and r.attained_service == 200.0 and r.spec.elastic
