@@ -14,7 +14,7 @@ One round:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -118,12 +118,30 @@ def _verdicts(
     return back, set(back)
 
 
+# Jobs that stopped (or were submitted) within this many seconds of each other have waited equally long:
+# one controller round's suspends complete within about a second of each other.
+SAME_ROUND_S = 2.0
+
+
+def tiers(values: Mapping[str, float], width: float) -> dict[str, int]:
+    """Each key's tier: tiers start at the smallest value not yet placed and take every value less than
+    `width` above it (`width` 0: equal values only). Equal tiers mean "treat as equal"."""
+    out: dict[str, int] = {}
+    tier, start = -1, -math.inf
+    for key, v in sorted(values.items(), key=lambda kv: kv[1]):
+        new = v > start if width <= 0 else v >= start + width - 1e-9 * max(1.0, abs(v))
+        if tier < 0 or new:
+            tier, start = tier + 1, v
+        out[key] = tier
+    return out
+
+
 def _las_counts(
     jobs: Sequence[Job], now: float, cap: int, min_slice: float, seed: int, hysteresis: float, step: float = 0.0
 ) -> tuple[list[Job], dict[str, int]]:
     """Gandiva time-slicing: pinned young slices, then least attained service per GPU first.
 
-    Service per GPU is compared in whole `step`s (0: exactly). A running job counts `hysteresis`
+    Service per GPU is compared in tiers `step` wide (0: exactly). A running job counts `hysteresis`
     seconds less service, so a waiting job takes its GPUs only when
     it is that far behind: slices last about two quanta instead of swapping everyone every round.
     """
@@ -139,16 +157,20 @@ def _las_counts(
         return float(k)
 
     def service(j: Job) -> float:
-        per_gpu = j.attained_service / j.spec.min_gpus - (hysteresis if j.state is JobState.RUNNING else 0.0)
-        # Compared in whole steps: jobs whose service differs by start-up jitter (jobs started in the
-        # same round) tie and fall to the stable keys below, instead of sub-second noise choosing.
-        return math.floor(per_gpu / step + 1e-9) if step > 0 else per_gpu
+        return j.attained_service / j.spec.min_gpus - (hysteresis if j.state is JobState.RUNNING else 0.0)
 
+    # Service is compared in tiers `step` wide and waiting time in rounds: jobs whose service differs by
+    # start-up jitter, or that stopped in the same round a second apart, tie and fall to the stable keys
+    # below instead of sub-second noise choosing. Tiers start at the values themselves (not at fixed
+    # multiples of `step`), so a group of similar values is not cut in two by an arbitrary edge.
+    served = tiers({j.job_id: service(j) for j in jobs}, step)
+    waited = tiers({j.job_id: wait_since(j) for j in jobs}, SAME_ROUND_S)
     order = sorted(
         jobs,
         key=lambda j: (
-            service(j),
-            wait_since(j),
+            served[j.job_id],
+            j.state is not JobState.RUNNING,  # on a tie a running job keeps its GPUs: no needless swap
+            waited[j.job_id],
             j.spec.submit_time,
             tie_rank(seed, j.job_id),
         ),

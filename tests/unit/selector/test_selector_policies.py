@@ -25,6 +25,7 @@ from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.selector import POLICY_NAMES, make_policy
 from slurm_gandiva.selector.afs import afs_counts
 from slurm_gandiva.selector.common import Speeds
+from slurm_gandiva.selector.gandiva import tiers
 from slurm_gandiva.selector.placement import LOCALITY_PRIOR, GpuPool, locality_factor
 
 
@@ -108,6 +109,38 @@ def test_large_job_spans_fewest_nodes() -> None:
     assert TWO_BY_FOUR.locality(p.gpus) is Locality.CROSS_NODE
 
 
+def test_a_requeued_job_avoids_nodes_where_its_old_gpu_indices_are_taken() -> None:
+    # b last ran on n1:1; Slurm 22.05 keeps that index and would leave b pending on any node where
+    # another job holds GPU 1, whatever GPUs the release names.
+    b = job("b", state=JobState.SUSPENDED, last_gpus=gp("n1", 1).gpus, times_scheduled=1)
+    assert b.requeue_indices == frozenset({1})
+    n1_busy = ClusterView(TWO_BY_FOUR, (running("c", gp("n1", 1)), running("d", gp("n2", 0))))
+    assert place(n1_busy, b, 1) == gp("n2", 1)  # n1 (same affinity, free GPUs) is no good: c holds n1:1
+    both_busy = ClusterView(TWO_BY_FOUR, (running("c", gp("n1", 1)), running("d", gp("n2", 1))))
+    assert place(both_busy, b, 1) is None  # 6 GPUs free, none where b can start: it waits
+    assert place(both_busy, job("fresh"), 1) is not None  # a job never requeued is not tied
+    # A 2-GPU job tied to indices 0 and 1 spans nodes only over nodes clear of them.
+    w = job("w", 6, state=JobState.SUSPENDED, last_gpus=gp("n1", 0, 1).gpus, times_scheduled=1)
+    assert place(ClusterView(TWO_BY_FOUR, (running("c", gp("n2", 0)),)), w, 6) is None
+    # A running job being moved is tied to its current GPUs' indices.
+    r = running("r", gp("n1", 2, 3))
+    assert r.requeue_indices == frozenset({2, 3})
+
+
+def test_gandiva_resumes_a_job_where_slurm_can_start_it() -> None:
+    pol = make_policy("gandiva", pack=False, migrate=False, grow=False)
+    # a (n1:0) has run its slice; b last ran on n1:1, which c now holds, and waits with the least service.
+    a = running("a", gp("n1", 0), since=0.0, attained_service=200.0)
+    c = running("c", gp("n1", 1), since=0.0, attained_service=10.0)
+    fill = tuple(running(f"f{i}", gp("n2", i), since=0.0, attained_service=10.0) for i in range(4))
+    fill += (running("g", gp("n1", 2, 3), since=0.0, attained_service=10.0),)
+    b = job("b", state=JobState.SUSPENDED, attained_service=0.0, last_run_end=5.0, last_gpus=gp("n1", 1).gpus,
+            times_scheduled=1)
+    plan = pol.decide(ClusterView(TWO_BY_FOUR, (a, c, *fill, b), 300.0), 300.0)
+    # Suspending a frees n1:0, but c holds n1:1 there: Slurm would not start b, so a keeps its GPU.
+    assert not [d for d in plan.decisions if d.job_id in ("a", "b")]
+
+
 # -- time-slicing --------------------------------------------------------------------------------
 
 ONE_GPU = Topology.uniform(1, 1)
@@ -149,12 +182,32 @@ def test_time_slice_picks_least_service_then_longest_waiting() -> None:
     assert steps(plan) == [("suspend", "a", "-"), ("resume", "c", "n1:0")]
 
 
+def test_tiers_start_at_the_values_not_at_fixed_edges() -> None:
+    assert tiers({"a": 0.0, "b": 7.0, "c": 7.6, "d": 20.0}, 7.5) == {"a": 0, "b": 0, "c": 1, "d": 2}
+    # 44 and 46 are one group although a fixed 7.5 s grid would put an edge (45) between them.
+    assert tiers({"x": 44.0, "y": 46.0}, 7.5) == {"x": 0, "y": 0}
+    assert tiers({"a": 1.0, "b": 1.0, "c": 2.0}, 0.0) == {"a": 0, "b": 0, "c": 1}
+
+
+def test_jobs_stopped_in_the_same_round_wait_equally_long() -> None:
+    """b and c stopped 0.8 s apart (one round): the earlier submission resumes first, not the earlier stop."""
+    pol = make_policy("gandiva", pack=False)
+    b = job("b", submit=5.0, state=JobState.SUSPENDED, attained_service=30.0, last_run_end=10.0, times_scheduled=1)
+    c = job("c", submit=3.0, state=JobState.SUSPENDED, attained_service=30.0, last_run_end=10.8, times_scheduled=1)
+    plan = pol.decide(ClusterView(ONE_GPU, (b, c), 50.0), 50.0)
+    assert steps(plan) == [("resume", "c", "n1:0")]
+    c = c.evolve(last_run_end=13.0)  # a later round: b has waited longer
+    assert steps(pol.decide(ClusterView(ONE_GPU, (b, c), 50.0), 50.0)) == [("resume", "b", "n1:0")]
+
+
 def test_time_slice_hysteresis_avoids_swapping_every_round() -> None:
     pol = make_policy("gandiva", pack=False)  # hysteresis defaults to one quantum (60 s)
     a = running("a", gp("n1", 0), since=0.0, attained_service=100.0)
     b = job("b", state=JobState.SUSPENDED, attained_service=50.0, last_run_end=0.0, times_scheduled=1)
     assert not pol.decide(ClusterView(ONE_GPU, (a, b), 100.0), 100.0)  # b is only 50 s behind
-    plan = pol.decide(ClusterView(ONE_GPU, (a.evolve(attained_service=111.0), b), 111.0), 111.0)
+    # 61 s behind: after the hysteresis, within one service step (15 s) of b: a tie, the running job stays.
+    assert not pol.decide(ClusterView(ONE_GPU, (a.evolve(attained_service=111.0), b), 111.0), 111.0)
+    plan = pol.decide(ClusterView(ONE_GPU, (a.evolve(attained_service=126.0), b), 126.0), 126.0)
     assert steps(plan) == [("suspend", "a", "-"), ("resume", "b", "n1:0")]
 
 
@@ -194,9 +247,9 @@ def test_attained_service_is_per_gpu_for_fairness() -> None:
     a = running("a", gp("n1", 0, 1), since=0.0, attained_service=100.0)  # 50 s per GPU
     b = job("b", 1, state=JobState.SUSPENDED, attained_service=60.0, last_run_end=0.0, times_scheduled=1)
     assert not pol.decide(ClusterView(topo, (a, b), 100.0), 100.0)  # b ran longer (60 s) than a
-    c = job("c", 2, state=JobState.SUSPENDED, attained_service=80.0, last_run_end=0.0, times_scheduled=1)
+    c = job("c", 2, state=JobState.SUSPENDED, attained_service=40.0, last_run_end=0.0, times_scheduled=1)
     plan = pol.decide(ClusterView(topo, (a, c), 100.0), 100.0)
-    assert steps(plan) == [("suspend", "a", "-"), ("resume", "c", "n1:0+1")]  # c ran 40 s
+    assert steps(plan) == [("suspend", "a", "-"), ("resume", "c", "n1:0+1")]  # c ran 20 s per GPU
 
 
 # -- introspection: trials and reverts -----------------------------------------------------------
