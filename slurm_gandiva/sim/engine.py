@@ -3,9 +3,11 @@
 Time is the engine's own virtual clock (seconds from the trace start); nothing here reads a real clock.
 Events are arrivals, completions and, while jobs wait (or a trial runs), re-decisions every
 `policy.quantum` seconds (or, when the policy has `next_decision(view, now) -> float | None`, at the
-time that returns after each call: None = only on events). With `SimConfig.tick` set, the engine also
-decides every `tick` seconds while any job is active, as the controller's tick does (slower; for
-comparing with a real run). At each event the engine builds the same
+time that returns after each call: None = only on events). With `SimConfig.tick` set, the engine
+decides only on the controller's tick grid instead (every `tick` s from the first arrival, while any job
+is active): arrivals, completions and slice expiries between two ticks are acted on at the next one, as
+the controller sees them (slower; for comparing with a real run). A job may also arrive later than its
+submission (`_Rec.arrive`: when the controller registers it). At each decision the engine builds the same
 `ClusterView` the controller builds (measured rates = the model's true rate at the job's current
 placement), calls the very same policy object, checks the plan (no GPU booked twice, counts within
 range, up nodes only) and applies it with `plan.apply_decision`, the bookkeeping the controller uses,
@@ -135,7 +137,7 @@ class SimConfig:
     elastic: bool | None = None  # None: ask the policy (its `elastic` attribute, else ELASTIC_POLICIES)
     feedback_batches: int = 100
     max_time: float | None = None  # stop the simulation here (jobs left unfinished are reported)
-    tick: float | None = None  # also decide every `tick` s while jobs are active, like the controller
+    tick: float | None = None  # decide only every `tick` s while jobs are active, like the controller
 
     def topology(self) -> Topology:
         return Topology.uniform(
@@ -214,6 +216,7 @@ class _Rec:
     """The engine's mutable state of one job (never leaves the engine)."""
 
     __slots__ = (
+        "arrive",
         "asked",
         "began",
         "dead_until",
@@ -237,6 +240,7 @@ class _Rec:
 
     def __init__(self, job: Job, speed: SpeedModel, total: float, asked: int) -> None:
         self.job = job
+        self.arrive = job.spec.submit_time  # when the scheduler first sees it
         self.asked = asked
         self.speed = speed
         self.total = total
@@ -346,7 +350,7 @@ class Simulator:
     # ---- the loop -----------------------------------------------------------------------------
 
     def run(self, progress: ProgressFn | None = None) -> SimResult:
-        recs = self.make_jobs()
+        recs = sorted(self.make_jobs(), key=lambda r: r.arrive)
         n = len(recs)
         quantum = getattr(self.policy, "quantum", None)
         tick = self.config.tick
@@ -360,7 +364,8 @@ class Simulator:
         shards: dict[_Key, set[str]] = {}
         busy_until: dict[_Key, float] = {}
         samples: list[Sample] = []
-        t = recs[0].job.spec.submit_time if recs else 0.0
+        t = recs[0].arrive if recs else 0.0
+        grid0 = t  # the controller's ticks fall on grid0 + k * tick
         nxt = 0  # next arrival
         done = 0
         decisions = actions = 0
@@ -370,7 +375,7 @@ class Simulator:
 
         while done < n:
             # --- next event time
-            t_arr = recs[nxt].job.spec.submit_time if nxt < n else math.inf
+            t_arr = recs[nxt].arrive if nxt < n else math.inf
             t_done = min((r.completion_time(t, finish_cost) for r in running.values()), default=math.inf)
             waiting = len(active) - len(running)
             if wake_hook is not None:
@@ -385,8 +390,9 @@ class Simulator:
                     # A slice counts from its training start: wake when the next one reaches a quantum.
                     expiries = (e for r in running.values() if (e := r.expiry(quantum)) > t)
                     t_tick = min(t_tick, min(expiries, default=t_tick))
-            if tick is not None and active:
-                t_tick = min(t_tick, max(last_decision + tick, t))
+            if tick is not None:
+                nt = max(last_decision + tick, t)
+                t_tick = grid0 + math.ceil((nt - grid0) / tick - 1e-9) * tick if active else math.inf
             t_next = min(t_arr, t_done, t_tick)
             if t_next == math.inf or t_next > max_time:
                 if t_next != math.inf:
@@ -418,12 +424,13 @@ class Simulator:
                 self._refresh_rates((), touched, running, shards)
                 changed = True
             # --- arrivals
-            while nxt < n and recs[nxt].job.spec.submit_time <= t:
+            while nxt < n and recs[nxt].arrive <= t:
                 r = recs[nxt]
                 active[r.job.job_id] = r
                 nxt += 1
                 changed = True
-            if not active or (not changed and t < t_tick):
+            off_tick = tick is not None and t < t_tick - _EPS * max(1.0, t)
+            if not active or (not changed and t < t_tick) or off_tick:
                 if finished:
                     samples.append(Sample(t, len(whole) + len(shards), len(running), len(active) - len(running)))
                 changed = False

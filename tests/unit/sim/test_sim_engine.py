@@ -236,6 +236,27 @@ def test_tick_decides_as_often_as_the_controller() -> None:
     assert ticked.jobs[0].first_start == 0.0 and ticked.jobs[1].first_start == pytest.approx(21.0)
 
 
+def test_with_a_tick_events_are_acted_on_at_the_next_tick_only() -> None:
+    """Ticks every 4 s from the first arrival (0): b, submitted at 1, starts at the tick at 4 on the second
+    GPU; a's GPU frees at 10 and c (submitted at 5) gets it at the tick at 12, not at 10."""
+    cfg = replace(ONE_GPU, gpus_per_node=2, tick=4.0)
+    res = Simulator(trace(("a", 0, 10, 1), ("b", 1, 100, 1), ("c", 5, 10, 1)), ToyFifo(), cfg).run()
+    starts = {j.job_id: j.first_start for j in res.jobs}
+    assert starts == pytest.approx({"a": 0.0, "b": 4.0, "c": 12.0})
+    assert jcts(res) == pytest.approx({"a": 10.0, "b": 103.0, "c": 17.0})
+
+
+def test_a_late_arrival_is_seen_late_and_its_jct_counts_from_submission() -> None:
+    class Late(Simulator):
+        def make_jobs(self):  # type: ignore[no-untyped-def]
+            recs = super().make_jobs()
+            recs[0].arrive = 3.0  # the controller registered it 3 s after its submission
+            return recs
+
+    res = Late(trace(("a", 0, 10, 1)), ToyFifo(), ONE_GPU).run()
+    assert res.jobs[0].first_start == 3.0 and res.jobs[0].jct == pytest.approx(13.0)
+
+
 def test_finish_overhead_holds_the_gpus_after_the_last_sample() -> None:
     """With finish=3, a 100 s job ends at 103 and the next one on its GPU starts then."""
     cfg = replace(ONE_GPU, overheads=Overheads(start=0, suspend=0, resume=0, finish=3.0))
