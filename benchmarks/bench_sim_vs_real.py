@@ -22,6 +22,7 @@ Prints per-job JCTs side by side with their ratio and PASS when every job is wit
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -74,6 +75,7 @@ class Measured:
     overheads: Overheads
     lag: dict[str, float]
     counts: dict[str, int]
+    submit: dict[str, float]  # each job's submission time as the controller saw it (Slurm's)
 
 
 def _median(xs: list[float], default: float) -> float:
@@ -117,12 +119,14 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     suspends: list[float] = []
     finish: list[float] = []
     lag: dict[str, float] = {}
+    submit: dict[str, float] = {}
     store = Store(f"sqlite:///{db}")
     try:
         for j in real.jobs:
             rec = store.get_job(j.job_id)
             if rec is not None:
                 lag[j.job_id] = max(0.0, rec.created - j.submitted)
+                submit[j.job_id] = rec.spec.submit_time
             events = read_events(jobs_dir / j.job_id / "events.jsonl")
             trained = sorted(float(e["time"]) for e in events if e.get("event") in ("fresh_start", "resumed"))
             done = [float(e["time"]) for e in events if e.get("event") == "training_done"]
@@ -159,15 +163,19 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     counts = {a: sum(1 for x, _, _ in samples if x == a) for a in base}
     counts["suspend"] = len(suspends)
     counts["finish"] = len(finish)
-    return Measured(over, lag, counts)
+    return Measured(over, lag, counts, submit)
 
 
 class WorkloadSimulator(Simulator):
-    """The engine with each job's GPU range as submitted (the engine widens elastic ranges to 1..max)."""
+    """The engine with each job's GPU range as submitted (the engine widens elastic ranges to 1..max) and
+    its arrival when the controller registered it (`arrive`, simulated seconds)."""
 
-    def __init__(self, *args: Any, ranges: dict[str, tuple[int, int]], **kw: Any) -> None:
+    def __init__(
+        self, *args: Any, ranges: dict[str, tuple[int, int]], arrive: dict[str, float] | None = None, **kw: Any
+    ) -> None:
         super().__init__(*args, **kw)
         self.ranges = ranges
+        self.arrive = arrive or {}
 
     def make_jobs(self) -> list[Any]:
         recs = super().make_jobs()
@@ -175,6 +183,7 @@ class WorkloadSimulator(Simulator):
             lo, hi = self.ranges[r.job.job_id]
             spec: JobSpec = replace(r.job.spec, min_gpus=lo, max_gpus=hi)
             r.job = replace(r.job, spec=spec, rates=self._table(MODEL, hi))
+            r.arrive = max(spec.submit_time, self.arrive.get(spec.job_id, spec.submit_time))
         return recs
 
 
@@ -191,32 +200,44 @@ def make_policy_for(real: DemoResult) -> Any:
     return make_policy(real.policy, **params)
 
 
-def simulate(real: DemoResult, overheads: Overheads, lag: dict[str, float] | None = None) -> SimResult:
-    """The real run's jobs in the simulator (2 nodes x 4 GPUs, the same policy, quantum and tick); each
-    arrives `lag[job]` s after its submission (when the controller registered it)."""
+def simulate(
+    real: DemoResult,
+    overheads: Overheads,
+    lag: dict[str, float] | None = None,
+    policy_submit: dict[str, float] | None = None,
+) -> tuple[SimResult, dict[str, float | None]]:
+    """The real run's jobs in the simulator (2 nodes x 4 GPUs, the same policy, quantum and tick).
+
+    Each job arrives `lag[job]` s after its submission (when the controller registered it); the policy
+    sees the submission time the controller saw (`policy_submit`: Slurm's, in whole seconds, so jobs
+    submitted in the same second tie as they did live). Returns the result and each job's simulated JCT
+    counted from its real submission."""
     profile = speed_profile(real)
     lag = lag or {}
-    t0 = min(j.submitted for j in real.jobs)
+    seen = policy_submit or {}
+    t0 = math.floor(min([j.submitted for j in real.jobs] + list(seen.values())))
     jobs = []
-    for j in sorted(real.jobs, key=lambda j: (j.submitted + lag.get(j.job_id, 0.0), int(j.job_id))):
+    for j in real.jobs:
         rate = profile.throughput((j.min_gpus,))
-        at = j.submitted - t0 + lag.get(j.job_id, 0.0)
+        at = seen.get(j.job_id, j.submitted) - t0
         jobs.append(TraceJob(j.job_id, at, j.total_samples / rate, j.min_gpus, MODEL, "gandiva-demo", j.max_gpus))
-    trace = Trace("demo", tuple(jobs))
+    jobs.sort(key=lambda tj: (tj.submit_time, int(tj.job_id)))
     config = SimConfig(nodes=2, gpus_per_node=4, overheads=overheads, seed=0, tick=real.tick)
     sim = WorkloadSimulator(
-        trace,
+        Trace("demo", tuple(jobs)),
         make_policy_for(real),
         config,
         profiles={MODEL: profile},
         ranges={j.job_id: (j.min_gpus, j.max_gpus) for j in real.jobs},
+        arrive={j.job_id: j.submitted - t0 + lag.get(j.job_id, 0.0) for j in real.jobs},
     )
-    return sim.run()
+    res = sim.run()
+    submitted = {j.job_id: j.submitted - t0 for j in real.jobs}
+    jct = {r.job_id: None if r.finish is None else r.finish - submitted[r.job_id] for r in res.jobs}
+    return res, jct
 
 
-def compare(real: DemoResult, sim: SimResult, tolerance: float, lag: dict[str, float] | None = None) -> bool:
-    sim_by = {j.job_id: j for j in sim.jobs}
-    lag = lag or {}
+def compare(real: DemoResult, sim: SimResult, sim_jct: dict[str, float | None], tolerance: float) -> bool:
     o = sim.overheads
     print(
         f"policy {real.policy}, quantum {real.quantum:g} s, tick {real.tick:g} s; overheads {o.source}:\n"
@@ -228,9 +249,8 @@ def compare(real: DemoResult, sim: SimResult, tolerance: float, lag: dict[str, f
     ok = True
     real_jcts, sim_jcts = [], []
     for j in sorted(real.jobs, key=lambda j: int(j.job_id)):
-        s = sim_by.get(j.job_id)
         rj = j.jct
-        sj = None if s is None or s.jct is None else s.jct + lag.get(j.job_id, 0.0)
+        sj = sim_jct.get(j.job_id)
         gpus = f"{j.min_gpus}" if j.min_gpus == j.max_gpus else f"{j.min_gpus}:{j.max_gpus}"
         if rj is None or sj is None or rj <= 0:
             print(f"{j.job_id:>6} {j.name:<4} {gpus:<5} {rj!s:>10} {sj!s:>10} {'-':>8}  NO (unfinished)")
@@ -277,19 +297,20 @@ def main(argv: list[str] | None = None) -> int:
     real = DemoResult.from_json(path.read_text())
     overheads = Overheads.from_file(args.overheads) if args.overheads.is_file() else Overheads()
     lag: dict[str, float] = {}
+    submit: dict[str, float] = {}
     if args.calibrate:
         m = measure(path.parent, real, overheads)
-        overheads, lag = m.overheads, m.lag
+        overheads, lag, submit = m.overheads, m.lag, m.submit
         print("measured in the real run (decisions): " + ", ".join(f"{k} {n}" for k, n in sorted(m.counts.items())))
         if lag:
             print(f"registration lag: median {statistics.median(lag.values()):.1f} s over {len(lag)} jobs")
     elif overheads.source == "guess":
         print(f"note: {args.overheads} is missing: suspend/migrate costs are the simulator's guesses")
-    sim = simulate(real, overheads, lag)
+    sim, sim_jct = simulate(real, overheads, lag, submit)
     s_sus = sum(j.suspends for j in sim.jobs)
     r_sus = sum(sum(1 for *_, why in j.slice_log if why == "quantum") for j in real.jobs)
     print(f"suspends: real {r_sus}, simulated {s_sus}")
-    return 0 if compare(real, sim, args.tolerance, lag) else 1
+    return 0 if compare(real, sim, sim_jct, args.tolerance) else 1
 
 
 if __name__ == "__main__":
