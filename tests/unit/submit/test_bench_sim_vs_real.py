@@ -82,14 +82,20 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     assert m.overheads.resume == pytest.approx(6.0) and m.overheads.suspend == pytest.approx(0.5)
     assert m.overheads.finish == pytest.approx(0.75)  # median of 0.5 and 1.0
     assert m.lag == pytest.approx({"1": 1.5, "2": 1.5})
+    assert m.submit == {j.job_id: j.submitted for j in real.jobs[:2]}  # what the controller's policy saw
 
 
 def test_simulation_runs_the_same_jobs(bench: ModuleType) -> None:
     from slurm_gandiva.sim.engine import Overheads
 
-    sim = bench.simulate(_real(), Overheads(start=0.0, suspend=0.0, resume=0.0))
+    real = _real()
+    sim, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0))
     by = {j.job_id: j for j in sim.jobs}
     assert set(by) == {"1", "2", "3"}
     assert (by["2"].min_gpus, by["2"].max_gpus, by["3"].min_gpus, by["3"].max_gpus) == (2, 2, 1, 4)
     assert by["1"].jct == pytest.approx(10.0)  # FIFO, free GPUs, no overheads: pure work
-    assert bench.compare(_real(), sim, 0.15) is False  # real run 1 took 16 s: 10/16 is out of tolerance
+    assert bench.compare(real, sim, jct, 0.15) is False  # real run 1 took 16 s: 10/16 is out of tolerance
+    # Registered 2 s late: started at the next tick (3 s; ticks every 3 s from job 2's arrival at 0), and
+    # its JCT still counts from its submission.
+    late, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0), {"1": 2.0}, {"1": 0.0})
+    assert jct["1"] == pytest.approx(13.0)
