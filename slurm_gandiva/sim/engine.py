@@ -19,6 +19,10 @@ charging modelled overheads:
 - GPUs given up by a suspend (or left behind by a migrate/resize) stay busy for the suspend cost
   (the checkpoint is being written): a job placed on them waits for that first.
 - A packed job runs `interference` slower while another job holds a shard of one of its GPUs.
+- Start-up also grows by `Overheads.per_gpu` per GPU beyond the first (a process each) and by `crowd` per
+  other job starting in the same round. Service (what LAS compares) counts from `launch` after the
+  decision and through a suspend, as the controller's slices open when Slurm runs the job and close
+  when it has stopped.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import STARTUP_GRACE_S, ClusterView, Job, JobSpec, JobState, Placement, RateTable, Topology
 from slurm_gandiva.plan import Action, Decision, Plan, apply_decision
 from slurm_gandiva.selector.base import Policy
+from slurm_gandiva.selector.common import next_rotation
 from slurm_gandiva.sim.models import MODEL_NAMES, ModelProfile, SpeedModel, load_profiles
 from slurm_gandiva.sim.trace import Trace
 
@@ -66,6 +71,8 @@ class Overheads:
     pack: float | None = None
     finish: float = 0.0  # a finished job holds its GPUs this long after its last sample (process exit)
     crowd: float = 0.0  # extra start-up per other job starting in the same round (shared CPUs, disks)
+    per_gpu: float = 0.0  # extra start-up per GPU beyond the first (one training process per GPU)
+    launch: float = 0.0  # decision -> Slurm runs the job: the controller counts service from then
     source: str = "guess"
 
     def cost(self, action: Action) -> float:
@@ -85,8 +92,8 @@ class Overheads:
 
     @staticmethod
     def from_file(path: str | Path) -> Overheads:
-        """Read measured costs: top-level keys start/suspend/resume/migrate/resize/pack/finish/crowd, each a number
-        of seconds or an object with one of median, p50, mean, seconds (first found wins)."""
+        """Read measured costs: top-level keys start/suspend/resume/migrate/resize/pack/finish/crowd/per_gpu/launch,
+        each a number of seconds or an object with one of median, p50, mean, seconds (first found wins)."""
         p = Path(path)
         try:
             data = json.loads(p.read_text())
@@ -97,7 +104,7 @@ class Overheads:
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a JSON object of overheads")
         values: dict[str, float] = {}
-        for key in ("start", "suspend", "resume", "migrate", "resize", "pack", "finish", "crowd"):
+        for key in ("start", "suspend", "resume", "migrate", "resize", "pack", "finish", "crowd", "per_gpu", "launch"):
             v = data.get(key, data.get(f"{key}_s"))
             if isinstance(v, dict):
                 v = next((v[k] for k in ("median", "p50", "mean", "seconds") if k in v), None)
@@ -219,6 +226,7 @@ class _Rec:
         "arrive",
         "asked",
         "began",
+        "counted_from",
         "dead_until",
         "done_at",
         "finish",
@@ -248,6 +256,7 @@ class _Rec:
         self.step_rate = 0.0  # mini-batches/s
         self.dead_until = 0.0
         self.began = 0.0  # when the current slice was decided
+        self.counted_from = 0.0  # when its service counts from (the controller: once Slurm runs it)
         self.done_at: float | None = None  # when the last sample was done (the process still exits)
         self.steps = 0.0
         self.progress = 0.0  # samples done (the Job snapshot is synced at each decision)
@@ -353,6 +362,7 @@ class Simulator:
         recs = sorted(self.make_jobs(), key=lambda r: r.arrive)
         n = len(recs)
         quantum = getattr(self.policy, "quantum", None)
+        grid: float | None = getattr(self.policy, "rotation_grid", None)
         tick = self.config.tick
         finish_cost = self.config.overheads.finish
         wake_hook: Callable[[ClusterView, float], float | None] | None = getattr(self.policy, "next_decision", None)
@@ -386,7 +396,10 @@ class Simulator:
                     waiting > 0 or any(r.job.trial is not None for r in running.values())
                 )
                 t_tick = max(last_decision + quantum, t) if ticking and quantum is not None else math.inf
-                if ticking and quantum is not None:
+                if ticking and grid:
+                    # Slices end only at rotations (multiples of the grid): wake at the next one.
+                    t_tick = max(next_rotation(last_decision, grid), t) if last_decision > -math.inf else t
+                elif ticking and quantum is not None:
                     # A slice counts from its training start: wake when the next one reaches a quantum.
                     expiries = (e for r in running.values() if (e := r.expiry(quantum)) > t)
                     t_tick = min(t_tick, min(expiries, default=t_tick))
@@ -478,7 +491,7 @@ class Simulator:
         for r in recs:
             held = t1 - t0
             gpus = r.job.gpus
-            r.service += gpus * held
+            r.service += gpus * max(0.0, t1 - max(t0, r.counted_from))
             begin = max(t0, r.dead_until)
             productive = t1 - begin
             if productive <= 0:
@@ -573,6 +586,8 @@ class Simulator:
             r.job = apply_decision(r.job, d, t)
             a = d.action
             if a is Action.SUSPEND:
+                # The controller closes the slice when the job has stopped: the suspend counts as service.
+                r.service += len(left) * cost.suspend
                 r.suspends += 1
                 r.rate = r.step_rate = 0.0
                 del running[d.job_id]
@@ -587,8 +602,9 @@ class Simulator:
                 touched.add(k)
                 if k not in mine:
                     ready = max(ready, busy_until.get(k, 0.0))
-            r.dead_until = ready + cost.cost(a) + crowd
+            r.dead_until = ready + cost.cost(a) + crowd + cost.per_gpu * (new.count - 1)
             r.began = t
+            r.counted_from = t + cost.launch
             running[d.job_id] = r
             moved.append(r)
             if a is Action.MIGRATE:
