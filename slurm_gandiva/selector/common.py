@@ -56,6 +56,11 @@ def slice_age(job: Job, now: float) -> float:
     return max(0.0, now - job.slice_start)
 
 
+def next_rotation(now: float, grid: float) -> float:
+    """The first multiple of `grid` (a policy's `rotation_grid`) after `now`."""
+    return (math.floor(now / grid + 1e-9) + 1) * grid
+
+
 def wait_since(job: Job) -> float:
     """When the job last began waiting: its last stop, else its submission."""
     return job.last_run_end if job.last_run_end is not None else job.spec.submit_time

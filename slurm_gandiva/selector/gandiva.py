@@ -136,8 +136,28 @@ def tiers(values: Mapping[str, float], width: float) -> dict[str, int]:
     return out
 
 
+def young(job: Job, now: float, min_slice: float, grid: float | None = None) -> bool:
+    """Whether a running job's slice is too young to end: less than `min_slice` old, or, with a rotation
+    `grid`, before the first multiple of `grid` (seconds of wall time) at least `min_slice` after the
+    slice began. On a grid, slices end at fixed times whatever a job's start-up took, so a second of
+    start-up jitter cannot move a rotation to another tick."""
+    if job.state is not JobState.RUNNING or job.slice_start is None:
+        return False
+    if not grid:
+        return slice_age(job, now) < min_slice
+    due = math.ceil((job.slice_start + min_slice) / grid - 1e-9) * grid
+    return now < due - 1e-6
+
+
 def _las_counts(
-    jobs: Sequence[Job], now: float, cap: int, min_slice: float, seed: int, hysteresis: float, step: float = 0.0
+    jobs: Sequence[Job],
+    now: float,
+    cap: int,
+    min_slice: float,
+    seed: int,
+    hysteresis: float,
+    step: float = 0.0,
+    grid: float | None = None,
 ) -> tuple[list[Job], dict[str, int]]:
     """Gandiva time-slicing: pinned young slices, then least attained service per GPU first.
 
@@ -178,7 +198,7 @@ def _las_counts(
     free = float(cap)
     counts: dict[str, int] = {}
     for j in order:
-        if j.state is JobState.RUNNING and slice_age(j, now) < min_slice:
+        if j.state is JobState.RUNNING and young(j, now, min_slice, grid):
             k = clamp(j, j.gpus)
             c = cost(j, k)
             if c <= free + 1e-9:
@@ -215,6 +235,7 @@ def _run_round(
     reason: str,
     memo: Memo,
     reserve: bool = False,
+    grid: float | None = None,
 ) -> Plan:
     for job_id, p in back.items():
         if p is None:
@@ -223,7 +244,7 @@ def _run_round(
     for jid, p in fixed.items():
         counts[jid] = p.count
     targets, pool = realize(view, order, counts, reason=reason, fixed=fixed, reverts=reverts, memo=memo)
-    res = _reservation(view, order, targets, now, min_slice) if reserve else None
+    res = _reservation(view, order, targets, now, min_slice, grid) if reserve else None
     if res is not None:
         # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
         # lower-priority jobs there once nothing younger than a min slice is left in its way.
@@ -276,7 +297,7 @@ class _Reservation:
 
 
 def _reservation(
-    view: ClusterView, order: Sequence[Job], targets: Targets, now: float, min_slice: float
+    view: ClusterView, order: Sequence[Job], targets: Targets, now: float, min_slice: float, grid: float | None
 ) -> _Reservation | None:
     """GPUs to keep for the highest-priority waiting job that got none, when it needs several.
 
@@ -309,7 +330,7 @@ def _reservation(
         for j, n in on_node:
             if rank[j.job_id] < mine:
                 permanent += n
-            elif slice_age(j, now) < min_slice:
+            elif young(j, now, min_slice, grid):
                 pinned += n
             else:
                 movable.append((j, n))
@@ -524,12 +545,15 @@ class Gandiva(_TrialParams):
     quantum, so that start-up jitter does not decide between jobs started together; no job is
     suspended before `min_slice`, default one quantum, nor for a job less than `hysteresis` seconds
     of service behind it, default one quantum), and introspective packing, migration and grow-shrink
-    trials."""
+    trials. With `aligned` (the default) slices end only at rotations, every `quantum` seconds of wall
+    time (multiples of it), as in Gandiva's round-based time-slicing: the jobs of a round stop and start
+    together, and start-up jitter cannot move a slice's end to another tick."""
 
     quantum: float | None = 60.0
     min_slice: float | None = None
     hysteresis: float | None = None
     service_step: float | None = None  # seconds of service per GPU that count as equal; default quantum / 4
+    aligned: bool = True
     pack: bool = True
     migrate: bool = True
     grow: bool = True
@@ -546,16 +570,22 @@ class Gandiva(_TrialParams):
     def slice_floor(self) -> float:
         return self.min_slice if self.min_slice is not None else (self.quantum or 0.0)
 
+    @property
+    def rotation_grid(self) -> float | None:
+        """Seconds between rotations (slices end only at multiples of it), None: at any decision."""
+        return self.quantum if self.aligned and self.quantum else None
+
     def decide(self, view: ClusterView, now: float) -> Plan:
         jobs = active_jobs(view)
         if not jobs:
             return Plan()
         speeds = Speeds(self.memo)
         knobs = self.knobs
+        grid = self.rotation_grid
         back, reverts = _verdicts(jobs, now, knobs, speeds)
         hyst = self.hysteresis if self.hysteresis is not None else self.slice_floor
         step = self.service_step if self.service_step is not None else (self.quantum or 0.0) / 4
-        order, counts = _las_counts(jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step)
+        order, counts = _las_counts(jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid)
         return _run_round(
             view,
             now,
@@ -570,6 +600,7 @@ class Gandiva(_TrialParams):
             "time-slice",
             self.memo,
             reserve=True,
+            grid=grid,
         )
 
 

@@ -25,7 +25,7 @@ from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.selector import POLICY_NAMES, make_policy
 from slurm_gandiva.selector.afs import afs_counts
 from slurm_gandiva.selector.common import Speeds
-from slurm_gandiva.selector.gandiva import tiers
+from slurm_gandiva.selector.gandiva import tiers, young
 from slurm_gandiva.selector.placement import LOCALITY_PRIOR, GpuPool, locality_factor
 
 
@@ -198,6 +198,24 @@ def test_jobs_stopped_in_the_same_round_wait_equally_long() -> None:
     assert steps(plan) == [("resume", "c", "n1:0")]
     c = c.evolve(last_run_end=13.0)  # a later round: b has waited longer
     assert steps(pol.decide(ClusterView(ONE_GPU, (b, c), 50.0), 50.0)) == [("resume", "b", "n1:0")]
+
+
+def test_aligned_slices_end_only_at_rotations() -> None:
+    """quantum 30: a slice whose training began at 21 may end at the rotation at 60, not at 51 when it
+    is 30 s old; one that began at 31 waits for the rotation at 90 (it is only 29 s old at 60)."""
+    a = running("a", gp("n1", 0), since=21.0)
+    assert young(a, 51.4, 30.0) is False and young(a, 51.4, 30.0, 30.0) is True
+    assert young(a, 60.5, 30.0, 30.0) is False
+    assert young(a.evolve(slice_start=31.0), 60.5, 30.0, 30.0) is True
+    pol = make_policy("gandiva", pack=False, quantum=30.0, hysteresis=0.0)
+    b = job("b", submit=0.0)
+    busy = a.evolve(attained_service=40.0)
+    assert not pol.decide(ClusterView(ONE_GPU, (busy, b), 57.0), 57.0)  # 36 s old, but no rotation yet
+    rotated = pol.decide(ClusterView(ONE_GPU, (busy, b), 60.5), 60.5)
+    assert steps(rotated) == [("suspend", "a", "-"), ("start", "b", "n1:0")]
+    # Not aligned: the slice ends as soon as it is 30 s old.
+    free = make_policy("gandiva", pack=False, quantum=30.0, hysteresis=0.0, aligned=False)
+    assert steps(free.decide(ClusterView(ONE_GPU, (busy, b), 57.0), 57.0))[0] == ("suspend", "a", "-")
 
 
 def test_time_slice_hysteresis_avoids_swapping_every_round() -> None:

@@ -30,6 +30,7 @@ class Checked:
         self.name = inner.name
         self.quantum = getattr(inner, "quantum", None)
         self.elastic = getattr(inner, "elastic", None)
+        self.rotation_grid = getattr(inner, "rotation_grid", None)
         self.calls = 0
 
     def decide(self, view: ClusterView, now: float) -> Plan:
@@ -51,3 +52,26 @@ def test_policy_runs_to_completion_in_the_simulator(name: str) -> None:
     assert all(j.jct is not None and j.jct > 0 for j in res.jobs)
     again = Simulator(TRACE, make_policy(name), cfg).run()
     assert again.jobs == res.jobs
+
+
+def test_aligned_gandiva_rotates_on_the_quantum_grid_in_the_simulator() -> None:
+    """Two 1-GPU jobs on one GPU, quantum 30 s, no costs: the engine wakes at the rotations, so every
+    suspend is decided at a multiple of 30 s (not 30 s after each slice began)."""
+    from slurm_gandiva.plan import Action
+    from slurm_gandiva.sim.engine import Overheads
+
+    suspends: list[float] = []
+
+    class Spy(Checked):
+        def decide(self, view: ClusterView, now: float) -> Plan:
+            plan = super().decide(view, now)
+            suspends.extend(now for d in plan.decisions if d.action is Action.SUSPEND)
+            return plan
+
+    jobs = (TraceJob("a", 5.0, 100.0, 1, model="cifar10"), TraceJob("b", 12.0, 100.0, 1, model="cifar10"))
+    trace = Trace("two", jobs)
+    cfg = SimConfig(nodes=1, gpus_per_node=1, overheads=Overheads(start=0.0, suspend=0.0, resume=0.0))
+    pol = make_policy("gandiva", pack=False, quantum=30.0, hysteresis=0.0)
+    res = Simulator(trace, Spy(pol), cfg).run()
+    assert all(j.finish is not None for j in res.jobs)
+    assert suspends and all(t % 30.0 == pytest.approx(0.0) for t in suspends), suspends
