@@ -82,7 +82,21 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     assert m.overheads.resume == pytest.approx(6.0) and m.overheads.suspend == pytest.approx(0.5)
     assert m.overheads.finish == pytest.approx(0.75)  # median of 0.5 and 1.0
     assert m.lag == pytest.approx({"1": 1.5, "2": 1.5})
+    assert m.overheads.launch == pytest.approx(1.0)  # start / resume decision -> Slurm runs it
     assert m.submit == {j.job_id: j.submitted for j in real.jobs[:2]}  # what the controller's policy saw
+
+
+def test_cost_fit_recovers_base_per_gpu_and_crowd(bench: ModuleType) -> None:
+    def cost(action: str, gpus: int, others: int) -> float:
+        return {"start": 6.0, "resume": 4.0}[action] + 2.0 * (gpus - 1) + 1.5 * others
+
+    shapes = [("start", 1, 6), ("start", 2, 6), ("start", 4, 2), ("start", 1, 2), ("resume", 1, 0), ("resume", 1, 3)]
+    base, per_gpu, crowd = bench.fit_costs([(a, g, n, cost(a, g, n)) for a, g, n in shapes])
+    assert base == pytest.approx({"start": 6.0, "resume": 4.0}) and per_gpu == pytest.approx(2.0)
+    assert crowd == pytest.approx(1.5)
+    # Crowding that makes start-ups *faster* is noise: that slope is dropped (0), the rest refitted.
+    base, per_gpu, crowd = bench.fit_costs([("start", 1, n, 10.0 - n) for n in range(4)])
+    assert crowd == 0.0 and per_gpu == 0.0 and base == pytest.approx({"start": 8.5})
 
 
 def test_simulation_runs_the_same_jobs(bench: ModuleType) -> None:
@@ -97,5 +111,5 @@ def test_simulation_runs_the_same_jobs(bench: ModuleType) -> None:
     assert bench.compare(real, sim, jct, 0.15) is False  # real run 1 took 16 s: 10/16 is out of tolerance
     # Registered 2 s late: started at the next tick (3 s; ticks every 3 s from job 2's arrival at 0), and
     # its JCT still counts from its submission.
-    late, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0), {"1": 2.0}, {"1": 0.0})
+    _, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0), {"1": 2.0}, {"1": 0.0})
     assert jct["1"] == pytest.approx(13.0)
