@@ -602,7 +602,7 @@ class Simulator:
                 touched.add(k)
                 if k not in mine:
                     ready = max(ready, busy_until.get(k, 0.0))
-            r.dead_until = ready + cost.cost(a) + crowd + cost.per_gpu * (new.count - 1)
+            r.dead_until = ready + self.startup(d, new.count, crowd)
             r.began = t
             r.counted_from = t + cost.launch
             running[d.job_id] = r
@@ -614,6 +614,12 @@ class Simulator:
             elif a in (Action.PACK, Action.UNPACK):
                 r.packs += 1
         self._refresh_rates(moved, touched, running, shards)
+
+    def startup(self, d: Decision, gpus: int, crowd: float) -> float:
+        """Seconds without progress after decision `d` (a start, resume or move onto `gpus` GPUs), `crowd`
+        s of it for the other jobs starting in the same round. A subclass may replay measured costs."""
+        o = self.config.overheads
+        return o.cost(d.action) + crowd + o.per_gpu * (gpus - 1)
 
     def _check(self, d: Decision, r: _Rec, old: Placement | None) -> None:
         if d.action is Action.SUSPEND:

@@ -83,6 +83,7 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     assert m.overheads.finish == pytest.approx(0.75)  # median of 0.5 and 1.0
     assert m.lag == pytest.approx({"1": 1.5, "2": 1.5})
     assert m.overheads.launch == pytest.approx(1.0)  # start / resume decision -> Slurm runs it
+    assert m.events == {"1": [5.0], "2": [6.0, 6.0]}  # each job's start-ups, in order, for the replay
     assert m.submit == {j.job_id: j.submitted for j in real.jobs[:2]}  # what the controller's policy saw
 
 
@@ -113,3 +114,6 @@ def test_simulation_runs_the_same_jobs(bench: ModuleType) -> None:
     # its JCT still counts from its submission.
     _, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0), {"1": 2.0}, {"1": 0.0})
     assert jct["1"] == pytest.approx(13.0)
+    # Replayed: job 1's first start-up costs what it cost live (4 s), whatever the model says (0 s).
+    _, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0), replay={"1": [4.0]})
+    assert jct["1"] == pytest.approx(14.0)
