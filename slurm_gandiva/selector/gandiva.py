@@ -541,13 +541,13 @@ def _grow(
 @dataclass(frozen=True)
 class Gandiva(_TrialParams):
     """Gandiva: affinity placement, time-slicing every `quantum` seconds when jobs outnumber GPUs
-    (least attained service per GPU first, compared in whole `service_step`s, default a quarter
+    (least attained service per GPU first, compared in tiers `service_step` wide, default a quarter
     quantum, so that start-up jitter does not decide between jobs started together; no job is
-    suspended before `min_slice`, default one quantum, nor for a job less than `hysteresis` seconds
-    of service behind it, default one quantum), and introspective packing, migration and grow-shrink
-    trials. With `aligned` (the default) slices end only at rotations, every `quantum` seconds of wall
-    time (multiples of it), as in Gandiva's round-based time-slicing: the jobs of a round stop and start
-    together, and start-up jitter cannot move a slice's end to another tick."""
+    suspended before `min_slice` (see `slice_floor`), nor for a job less than `hysteresis` seconds of
+    service behind it, default `min_slice` or one quantum), and introspective packing, migration and
+    grow-shrink trials. With `aligned` (the default) slices end only at rotations, every `quantum`
+    seconds of wall time (multiples of it), as in Gandiva's round-based time-slicing: the jobs of a
+    round stop and start together, and start-up jitter cannot move a slice's end to another tick."""
 
     quantum: float | None = 60.0
     min_slice: float | None = None
@@ -568,7 +568,12 @@ class Gandiva(_TrialParams):
 
     @property
     def slice_floor(self) -> float:
-        return self.min_slice if self.min_slice is not None else (self.quantum or 0.0)
+        """`min_slice`, by default one quantum, or half of one with aligned rotations (a slice then ends at
+        the first rotation at least half a quantum after its training began: one quantum on average)."""
+        if self.min_slice is not None:
+            return self.min_slice
+        q = self.quantum or 0.0
+        return q / 2 if self.rotation_grid else q
 
     @property
     def rotation_grid(self) -> float | None:
@@ -583,7 +588,7 @@ class Gandiva(_TrialParams):
         knobs = self.knobs
         grid = self.rotation_grid
         back, reverts = _verdicts(jobs, now, knobs, speeds)
-        hyst = self.hysteresis if self.hysteresis is not None else self.slice_floor
+        hyst = self.hysteresis if self.hysteresis is not None else self.min_slice or self.quantum or 0.0
         step = self.service_step if self.service_step is not None else (self.quantum or 0.0) / 4
         order, counts = _las_counts(jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid)
         return _run_round(
