@@ -149,6 +149,12 @@ def young(job: Job, now: float, min_slice: float, grid: float | None = None) -> 
     return now < due - 1e-6
 
 
+def finishing(job: Job, grace: float) -> bool:
+    """A running job expected to finish within `grace` seconds at its rate: stopping it now would cost
+    a checkpoint, a resume and a whole wait to save the others a few seconds."""
+    return grace > 0 and job.state is JobState.RUNNING and job.remaining_time(job.gpus) <= grace
+
+
 def _las_counts(
     jobs: Sequence[Job],
     now: float,
@@ -158,10 +164,12 @@ def _las_counts(
     hysteresis: float,
     step: float = 0.0,
     grid: float | None = None,
+    grace: float = 0.0,
 ) -> tuple[list[Job], dict[str, int]]:
     """Gandiva time-slicing: pinned young slices, then least attained service per GPU first.
 
-    Service per GPU is compared in tiers `step` wide (0: exactly). A running job counts `hysteresis`
+    Slices younger than `min_slice` (see `young`) and jobs about to finish (`finishing`) keep their
+    GPUs. Service per GPU is compared in tiers `step` wide (0: exactly). A running job counts `hysteresis`
     seconds less service, so a waiting job takes its GPUs only when
     it is that far behind: slices last about two quanta instead of swapping everyone every round.
     """
@@ -198,7 +206,7 @@ def _las_counts(
     free = float(cap)
     counts: dict[str, int] = {}
     for j in order:
-        if j.state is JobState.RUNNING and young(j, now, min_slice, grid):
+        if j.state is JobState.RUNNING and (young(j, now, min_slice, grid) or finishing(j, grace)):
             k = clamp(j, j.gpus)
             c = cost(j, k)
             if c <= free + 1e-9:
@@ -236,6 +244,7 @@ def _run_round(
     memo: Memo,
     reserve: bool = False,
     grid: float | None = None,
+    grace: float = 0.0,
 ) -> Plan:
     for job_id, p in back.items():
         if p is None:
@@ -244,7 +253,7 @@ def _run_round(
     for jid, p in fixed.items():
         counts[jid] = p.count
     targets, pool = realize(view, order, counts, reason=reason, fixed=fixed, reverts=reverts, memo=memo)
-    res = _reservation(view, order, targets, now, min_slice, grid) if reserve else None
+    res = _reservation(view, order, targets, now, min_slice, grid, grace) if reserve else None
     if res is not None:
         # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
         # lower-priority jobs there once nothing younger than a min slice is left in its way.
@@ -297,7 +306,13 @@ class _Reservation:
 
 
 def _reservation(
-    view: ClusterView, order: Sequence[Job], targets: Targets, now: float, min_slice: float, grid: float | None
+    view: ClusterView,
+    order: Sequence[Job],
+    targets: Targets,
+    now: float,
+    min_slice: float,
+    grid: float | None,
+    grace: float = 0.0,
 ) -> _Reservation | None:
     """GPUs to keep for the highest-priority waiting job that got none, when it needs several.
 
@@ -330,7 +345,7 @@ def _reservation(
         for j, n in on_node:
             if rank[j.job_id] < mine:
                 permanent += n
-            elif young(j, now, min_slice, grid):
+            elif young(j, now, min_slice, grid) or finishing(j, grace):
                 pinned += n
             else:
                 movable.append((j, n))
@@ -547,13 +562,16 @@ class Gandiva(_TrialParams):
     service behind it, default `min_slice` or one quantum), and introspective packing, migration and
     grow-shrink trials. With `aligned` (the default) slices end only at rotations, every `quantum`
     seconds of wall time (multiples of it), as in Gandiva's round-based time-slicing: the jobs of a
-    round stop and start together, and start-up jitter cannot move a slice's end to another tick."""
+    round stop and start together, and start-up jitter cannot move a slice's end to another tick. Past
+    the paper: a job expected to finish within `finish_grace` seconds (default a quarter quantum) is
+    not stopped."""
 
     quantum: float | None = 60.0
     min_slice: float | None = None
     hysteresis: float | None = None
     service_step: float | None = None  # seconds of service per GPU that count as equal; default quantum / 4
     aligned: bool = True
+    finish_grace: float | None = None  # a job finishing within this many seconds is not stopped; quantum / 4
     pack: bool = True
     migrate: bool = True
     grow: bool = True
@@ -590,7 +608,8 @@ class Gandiva(_TrialParams):
         back, reverts = _verdicts(jobs, now, knobs, speeds)
         hyst = self.hysteresis if self.hysteresis is not None else self.min_slice or self.quantum or 0.0
         step = self.service_step if self.service_step is not None else (self.quantum or 0.0) / 4
-        order, counts = _las_counts(jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid)
+        grace = self.finish_grace if self.finish_grace is not None else (self.quantum or 0.0) / 4
+        order, counts = _las_counts(jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid, grace)
         return _run_round(
             view,
             now,
@@ -606,6 +625,7 @@ class Gandiva(_TrialParams):
             self.memo,
             reserve=True,
             grid=grid,
+            grace=grace,
         )
 
 

@@ -25,7 +25,7 @@ from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.selector import POLICY_NAMES, make_policy
 from slurm_gandiva.selector.afs import afs_counts
 from slurm_gandiva.selector.common import Speeds
-from slurm_gandiva.selector.gandiva import tiers, young
+from slurm_gandiva.selector.gandiva import finishing, tiers, young
 from slurm_gandiva.selector.placement import LOCALITY_PRIOR, GpuPool, locality_factor
 
 
@@ -218,6 +218,19 @@ def test_aligned_slices_end_only_at_rotations() -> None:
     assert steps(free.decide(ClusterView(ONE_GPU, (busy, b), 57.0), 57.0))[0] == ("suspend", "a", "-")
 
 
+def test_a_job_about_to_finish_is_not_stopped_at_a_rotation() -> None:
+    """a has 5 s of work left at 100 samples/s (quantum 30: grace 7.5 s): suspending it would cost a
+    checkpoint, a resume and a whole wait; it keeps its GPU and b waits a few seconds. With 20 s left it
+    is rotated out as usual."""
+    pol = make_policy("gandiva", pack=False, quantum=30.0, hysteresis=0.0)
+    rates = RateTable({(1, Locality.SWITCH): 100.0})
+    a = running("a", gp("n1", 0), since=0.0, attained_service=60.0, rates=rates, work=6000.0, progress=5500.0)
+    b = job("b", submit=0.0)
+    assert finishing(a, 7.5) and not pol.decide(ClusterView(ONE_GPU, (a, b), 60.5), 60.5)
+    rotated = pol.decide(ClusterView(ONE_GPU, (a.evolve(progress=4000.0), b), 60.5), 60.5)
+    assert steps(rotated) == [("suspend", "a", "-"), ("start", "b", "n1:0")]
+
+
 def test_time_slice_hysteresis_avoids_swapping_every_round() -> None:
     pol = make_policy("gandiva", pack=False)  # hysteresis defaults to one quantum (60 s)
     a = running("a", gp("n1", 0), since=0.0, attained_service=100.0)
@@ -292,6 +305,7 @@ def test_failed_pack_is_reverted_and_not_retried() -> None:
         "a",
         gp("n1", 0, shared=True),
         since=0.0,
+        work=100_000.0,  # far from done: not spared as finishing
         rates=rates,
         attained_service=300.0,
         trial=Trial(TrialKind.PACK, 0.0, 100.0, gp("n1", 0)),
