@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gandiva.demo import DEFAULT_STATE_DIR, RESULTS_FILE, WORKLOAD, Demo, DemoResult
-from slurm_gandiva.model import JobSpec
+from slurm_gandiva.model import JobSpec, RateTable
 from slurm_gandiva.plan import Decision
 from slurm_gandiva.sim.engine import Overheads, SimConfig, SimResult, Simulator
 from slurm_gandiva.sim.models import ModelProfile
@@ -229,7 +229,8 @@ class WorkloadSimulator(Simulator):
         for r in recs:
             lo, hi = self.ranges[r.job.job_id]
             spec: JobSpec = replace(r.job.spec, min_gpus=lo, max_gpus=hi)
-            r.job = replace(r.job, spec=spec, rates=self._table(MODEL, hi))
+            # The controller knows no scaling table for the demo model: only what it measures.
+            r.job = replace(r.job, spec=spec, rates=RateTable())
             r.arrive = max(spec.submit_time, self.arrive.get(spec.job_id, spec.submit_time))
         return recs
 
@@ -274,7 +275,10 @@ def simulate(
         at = seen.get(j.job_id, j.submitted) - t0
         jobs.append(TraceJob(j.job_id, at, j.total_samples / rate, j.min_gpus, MODEL, "gandiva-demo", j.max_gpus))
     jobs.sort(key=lambda tj: (tj.submit_time, int(tj.job_id)))
-    config = SimConfig(nodes=2, gpus_per_node=4, overheads=overheads, seed=0, tick=real.tick)
+    # Fake GPUs: where a job's GPUs sit changes nothing (no locality penalty), as in the real run.
+    config = SimConfig(
+        nodes=2, gpus_per_node=4, overheads=overheads, seed=0, tick=real.tick, learn_rates=True, locality_penalty=0.0
+    )
     sim = WorkloadSimulator(
         Trace("demo", tuple(jobs)),
         make_policy_for(real),

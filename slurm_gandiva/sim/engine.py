@@ -145,6 +145,9 @@ class SimConfig:
     feedback_batches: int = 100
     max_time: float | None = None  # stop the simulation here (jobs left unfinished are reported)
     tick: float | None = None  # decide only every `tick` s while jobs are active, like the controller
+    # Policies see only the rates each job was measured at, as the controller does (the jobs' tables
+    # start empty: subclasses' make_jobs set them), instead of every job's true rate table.
+    learn_rates: bool = False
 
     def topology(self) -> Topology:
         return Topology.uniform(
@@ -363,6 +366,7 @@ class Simulator:
         n = len(recs)
         quantum = getattr(self.policy, "quantum", None)
         grid: float | None = getattr(self.policy, "rotation_grid", None)
+        learn = self.config.learn_rates
         tick = self.config.tick
         finish_cost = self.config.overheads.finish
         wake_hook: Callable[[ClusterView, float], float | None] | None = getattr(self.policy, "next_decision", None)
@@ -453,6 +457,9 @@ class Simulator:
                 trained = t >= r.dead_until
                 start = r.training_start() if trained else r.began
                 r.job = _synced(r.job, min(r.progress, r.total), r.service, r.rate if trained else None, start)
+                if learn and trained and r.rate > 0 and r.job.placement is not None:
+                    p = r.job.placement
+                    r.job.__dict__["rates"] = r.job.rates.with_rate(p.count, self.topology.locality(p.gpus), r.rate)
             view = ClusterView(self.topology, tuple(r.job for r in active.values()), t)
             plan = self.policy.decide(view, t)
             decisions += 1

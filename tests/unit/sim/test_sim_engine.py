@@ -263,3 +263,30 @@ def test_finish_overhead_holds_the_gpus_after_the_last_sample() -> None:
     res = Simulator(trace(("a", 0, 100, 1), ("b", 0, 100, 1)), ToyFifo(), cfg).run()
     assert jcts(res) == pytest.approx({"a": 103.0, "b": 206.0})
     assert res.jobs[0].overhead_seconds == pytest.approx(3.0)
+
+
+def test_learned_rates_show_policies_only_what_was_measured() -> None:
+    """With learn_rates a job's table starts as the subclass left it (empty here) and gains the rate it
+    ran at, at its GPU count and locality, once it trains: what the controller's rate records hold."""
+    from slurm_gandiva.model import JobState, Locality, RateTable
+
+    seen: list[RateTable] = []
+
+    class Spy(ToyFifo):
+        def decide(self, view: ClusterView, now: float) -> Plan:
+            seen.extend(j.rates for j in view.jobs if j.state is JobState.RUNNING)
+            return super().decide(view, now)
+
+    class Blank(Simulator):
+        def make_jobs(self):  # type: ignore[no-untyped-def]
+            recs = super().make_jobs()
+            for r in recs:
+                r.job = replace(r.job, rates=RateTable())
+            return recs
+
+    cfg = replace(ONE_GPU, tick=5.0, learn_rates=True)
+    Blank(trace(("a", 0, 20, 1)), Spy(), cfg).run()
+    assert seen and all(set(t.rates) == {(1, Locality.SWITCH)} for t in seen)
+    seen.clear()
+    Blank(trace(("a", 0, 20, 1)), Spy(), replace(cfg, learn_rates=False)).run()
+    assert seen and all(t.rates == {} for t in seen)  # without learning the (blank) table stays as it was
