@@ -285,13 +285,15 @@ def env_factory(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) 
 def test_oversubscribed_time_slicing(env_factory, test_user: str, tmp_path: Path, slurm: SlurmBackend) -> None:  # type: ignore[no-untyped-def]
     """2x oversubscribed: 4 one-GPU jobs on 2 GPUs; each gets a slice within two quanta; all finish with
     the same parameters as an uninterrupted run; no GPU is ever double-booked; squeue shows them."""
-    quantum, steps = 20.0, 48
+    # 40 s of training each: at its first rotation (10-30 s of training in, aligned rotations every 20 s)
+    # a job has 10-30 s left, more than the 5 s finish grace, so it is really time-sliced.
+    quantum, steps = 20.0, 100
     env = env_factory({"n1": (0, 1)}, quantum=quantum)
     ref = reference_hash(tmp_path, steps)
     with GpuWatch(slurm, env.jobs) as watch:
         env.start()
         for _ in range(4):
-            submit(env, test_user, steps=steps, sleep=0.5)
+            submit(env, test_user, steps=steps, sleep=0.4)
         wait_for(lambda: any(s == "RUNNING" for s in states(env).values()), 90, "a first job to run")
         sq = subprocess.run([GANDIVA, "squeue", "--config", str(env.conf)], capture_output=True, text=True,
                             env={**os.environ, **env.cluster.env}, timeout=60)
@@ -478,3 +480,45 @@ def test_idle_gpus_grow_an_elastic_job(env_factory, test_user: str) -> None:  # 
         [d] = [d for d in store.decisions(job_ids=[elastic]) if d.action.value == "resize"][:1]
         assert d.outcome is Outcome.SUCCEEDED
     assert env.stop() == 0
+
+
+def test_a_node_failure_requeues_the_job_and_it_finishes_on_the_other_node(  # type: ignore[no-untyped-def]
+    env_factory, test_user: str, tmp_path: Path, slurm: SlurmBackend
+) -> None:
+    """The node under a training job goes down: Slurm kills and requeues the job; the controller puts
+    its admin hold on it, closes the slice as requeued, and starts it on the other node (the policy sees
+    the node down), where it finishes with the parameters of an uninterrupted run."""
+    from slurm_gandiva.requeue.contract import JobFiles, read_progress
+
+    steps = 120
+    env = env_factory({"n1": (3,), "n2": (3,)}, quantum=300)
+    ref = reference_hash(tmp_path, steps)
+    env.start()
+    jid = submit(env, test_user, steps=steps, sleep=0.25)
+    progress = JobFiles(env.cluster.jobs_dir / jid).progress
+    wait_for(lambda: (p := read_progress(progress)) is not None and p.step >= 10, 120, "the job to train")
+    [node] = slurm.job(jid).nodes
+    other = "n2" if node == "n1" else "n1"
+    scontrol = ["scontrol", "update", f"nodename={node}"]
+    cluster_env = {**os.environ, **env.cluster.env}
+    try:
+        # Drained first so that it stays out of service: the devcluster's slurmd is alive and would bring a
+        # node that is only DOWN straight back (ReturnToService). DOWN then kills and requeues the job.
+        for state in ("drain", "down"):
+            subprocess.run([*scontrol, f"state={state}", "reason=test"], env=cluster_env, check=True, timeout=30)
+        moved = wait_for(lambda: (j := slurm.job(jid)).running and j.nodes == (other,) and j, 120,
+                         f"the job to run again on {other}")
+        assert moved.restart_count >= 1
+        wait_for(lambda: all_finished(env), 180, "the job to finish")
+    finally:
+        subprocess.run([*scontrol, "state=resume"], env=cluster_env, check=False, timeout=30)
+    wait_for(lambda: store_settled(env), 30, "the controller to record the job as finished")
+    assert env.stop() == 0, env.log_text()[-3000:]
+    assert states(env) == {jid: "COMPLETED"}
+    assert final_hash(env, jid) == ref
+    with contextlib.closing(env.store()) as store:
+        check_history(store, [jid])
+        sl = store.slices(job_ids=[jid])
+        assert sl[0].placement.nodes == (node,) and sl[0].end_reason is SliceEnd.REQUEUED, sl
+        assert sl[-1].placement.nodes == (other,), sl
+    assert "requeued" in env.log_text()

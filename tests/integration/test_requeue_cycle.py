@@ -16,8 +16,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from helpers import run_as, wait_for
 
+from slurm_gandiva.errors import ProtocolError
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, read_progress
 from slurm_gandiva.requeue.protocol import Outcome, Phase, RequeueProtocol, phase
@@ -263,3 +265,44 @@ def test_suspend_escalates_when_the_job_ignores_the_signal(
     # A second suspend is a no-op; the GPU is free again for others.
     again = proto.suspend(job_id)
     assert again.outcome is Outcome.SUSPENDED and all(s.skipped for s in again.steps)
+
+
+def test_slurm_keeps_a_requeued_jobs_gpu_indices(
+    slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str]
+) -> None:
+    """The Slurm 22.05 behaviour that placement works around (`Job.requeue_indices`, `GpuPool.find`): b,
+    requeued from n1:1, released onto n1:2 stays pending while c holds n1:1; onto n2, where nobody holds
+    a GPU 1, it starts at once. If a Slurm upgrade drops this, the workaround can go."""
+    script = "#!/bin/bash\nwhile true; do sleep 0.2; done\n"
+
+    def held_job(name: str) -> str:
+        jid = slurm.submit(
+            SubmitRequest(
+                script,
+                [f"--comment={JOB_MARK}", f"--job-name={name}", "--mem=100M", f"--output={job_dir}/%j.out"],
+                as_user=test_user,
+            )
+        )
+        cleanup_jobs.append(jid)
+        return jid
+
+    def on(node: str, i: int) -> Placement:
+        return Placement((GpuRef(node, i),))
+
+    a, b, c = held_job("a"), held_job("b"), held_job("c")
+    proto = RequeueProtocol(slurm, suspend_timeout=1.0, jobs_root=job_dir)
+    assert proto.resume(a, on("n1", 0)).outcome is Outcome.RUNNING
+    assert proto.resume(b, on("n1", 1)).outcome is Outcome.RUNNING
+    assert proto.suspend(b).outcome in (Outcome.SUSPENDED, Outcome.ESCALATED)
+    assert proto.resume(c, on("n1", 1)).outcome is Outcome.RUNNING
+    proto.start_timeout = 8.0
+    t0 = time.monotonic()
+    with pytest.raises(ProtocolError, match="did not start"):
+        proto.resume(b, on("n1", 2))  # n1:2 is free, but c holds n1:1, b's old index
+    assert time.monotonic() - t0 >= 8.0
+    assert slurm.job(b).pending and slurm.job(b).hold is HoldKind.ADMIN  # held again, nothing lost
+    proto.start_timeout = 60.0
+    t0 = time.monotonic()
+    assert proto.resume(b, on("n2", 2)).outcome is Outcome.RUNNING
+    assert time.monotonic() - t0 < 8.0
+    assert slurm.job(b).gpus == {"n2": (2,)}
