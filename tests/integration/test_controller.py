@@ -436,6 +436,27 @@ def test_bad_config_line_is_reported(env_factory) -> None:  # type: ignore[no-un
     assert f"{env.conf}:{line}: quantum must be a positive number of seconds" in r.stderr
 
 
+def test_sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad(env_factory) -> None:  # type: ignore[no-untyped-def]
+    """The running service (a real process): SIGHUP with a changed file applies it (the quantum); with
+    a broken file it logs why, keeps running on the old config, and still stops cleanly on SIGTERM."""
+    env = env_factory({"n1": (0,)})
+    proc = env.start()
+    wait_for(lambda: "controller running" in env.log_text(), 60, "the controller to run")
+    good = env.conf.read_text().replace("quantum = 15", "quantum = 40")
+    env.conf.write_text(good)
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "config reloaded" in env.log_text(), 30, "the reload")
+    env.conf.write_text(good.replace("quantum = 40", "quantum = soon"))
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload refused" in env.log_text(), 30, "the refused reload")
+    assert proc.poll() is None, env.log_text()[-2000:]
+    assert env.stop() == 0, env.log_text()[-2000:]
+    with contextlib.closing(env.store()) as store:
+        kinds = [(e.kind, e.detail) for e in store.events(kinds=["config-reload", "config-reload-refused"])]
+    assert kinds[0] == ("config-reload", "policy gandiva, quantum 40"), kinds
+    assert kinds[1][0] == "config-reload-refused" and "quantum" in kinds[1][1], kinds
+
+
 def test_migrates_badly_placed_job(env_factory, test_user: str, slurm: SlurmBackend) -> None:  # type: ignore[no-untyped-def]
     """n1's four GPUs (switches {0,1} and {2,3}). Two short one-GPU jobs hold GPUs 0 and 2, so the two-GPU
     job lands across switches; when they finish, it is migrated under one switch."""
