@@ -304,16 +304,17 @@ class Job:
 
     @property
     def requeue_indices(self) -> frozenset[int]:
-        """GPU indices Slurm ties this job to once it is requeued: those of its current whole-GPU
-        placement (a move or resize requeues it), else those of its last slice.
+        """GPU indices Slurm ties this waiting job to: those of its last slice (empty for a running job).
 
         Slurm 22.05 keeps a requeued job's old GRES indices: released onto other GPUs of a node where
         another job holds a GPU with one of those indices, it stays pending until that GPU frees
-        (measured: 15-45 s stalls), whatever its new gres says. Placement avoids such nodes.
+        (measured: 15-45 s stalls), whatever its new gres says. Placement keeps waiting jobs off such
+        nodes. A running job that is moved or resized is requeued too, but constraining those moves
+        made AFS grow jobs in place with worse locality and shrink them again (25x more resizes on the
+        Philly traces), so they are left free: such a move can still wait on Slurm.
         """
-        p = self.placement
-        if self.state is JobState.RUNNING and p is not None:
-            return frozenset() if p.shared else frozenset(g.index for g in p.gpus)
+        if self.state is JobState.RUNNING:
+            return frozenset()
         return frozenset(g.index for g in self.last_gpus)
 
     def evolve(self, **changes: object) -> Job:

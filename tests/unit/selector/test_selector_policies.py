@@ -122,9 +122,8 @@ def test_a_requeued_job_avoids_nodes_where_its_old_gpu_indices_are_taken() -> No
     # A 2-GPU job tied to indices 0 and 1 spans nodes only over nodes clear of them.
     w = job("w", 6, state=JobState.SUSPENDED, last_gpus=gp("n1", 0, 1).gpus, times_scheduled=1)
     assert place(ClusterView(TWO_BY_FOUR, (running("c", gp("n2", 0)),)), w, 6) is None
-    # A running job being moved is tied to its current GPUs' indices.
-    r = running("r", gp("n1", 2, 3))
-    assert r.requeue_indices == frozenset({2, 3})
+    # A running job is not tied (moves are left free: see Job.requeue_indices).
+    assert running("r", gp("n1", 2, 3)).requeue_indices == frozenset()
 
 
 def test_gandiva_resumes_a_job_where_slurm_can_start_it() -> None:
