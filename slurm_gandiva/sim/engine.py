@@ -456,10 +456,11 @@ class Simulator:
             for r in running.values():
                 trained = t >= r.dead_until
                 start = r.training_start() if trained else r.began
-                r.job = _synced(r.job, min(r.progress, r.total), r.service, r.rate if trained else None, start)
+                rates = r.job.rates
                 if learn and trained and r.rate > 0 and r.job.placement is not None:
                     p = r.job.placement
-                    r.job.__dict__["rates"] = r.job.rates.with_rate(p.count, self.topology.locality(p.gpus), r.rate)
+                    rates = rates.with_rate(p.count, self.topology.locality(p.gpus), r.rate)
+                r.job = _synced(r.job, min(r.progress, r.total), r.service, r.rate if trained else None, start, rates)
             view = ClusterView(self.topology, tuple(r.job for r in active.values()), t)
             plan = self.policy.decide(view, t)
             decisions += 1
@@ -685,7 +686,9 @@ class Simulator:
         )
 
 
-def _synced(job: Job, progress: float, service: float, measured: float | None, slice_start: float) -> Job:
+def _synced(
+    job: Job, progress: float, service: float, measured: float | None, slice_start: float, rates: RateTable
+) -> Job:
     """`job` with new progress figures and every other field kept.
 
     This runs for every running job at every decision; copying the instance dict is several times
@@ -699,4 +702,5 @@ def _synced(job: Job, progress: float, service: float, measured: float | None, s
     d["attained_service"] = service
     d["measured_rate"] = measured
     d["slice_start"] = slice_start
+    d["rates"] = rates
     return new
