@@ -308,10 +308,10 @@ class Job:
 
         Slurm 22.05 keeps a requeued job's old GRES indices: released onto other GPUs of a node where
         another job holds a GPU with one of those indices, it stays pending until that GPU frees
-        (measured: 15-45 s stalls), whatever its new gres says. Placement keeps waiting jobs off such
-        nodes. A running job that is moved or resized is requeued too, but constraining those moves
-        made AFS grow jobs in place with worse locality and shrink them again (25x more resizes on the
-        Philly traces), so they are left free: such a move can still wait on Slurm.
+        (measured: 15-45 s stalls), whatever its new gres says. Placement prefers nodes clear of them
+        (`GpuPool.find`). A running job that is moved or resized is requeued too, but steering those
+        moves made AFS grow jobs in place with worse locality and shrink them again (25x more resizes
+        on the Philly traces), so they are left free: such a move can still wait on Slurm.
         """
         if self.state is JobState.RUNNING:
             return frozenset()

@@ -260,13 +260,25 @@ class GpuPool:
 
     def find(self, job: Job, gpus: int) -> Placement | None:
         """The best whole-GPU placement of `gpus` GPUs for `job` by affinity and locality (not booked),
-        on at most `job.spec.max_nodes` nodes."""
+        on at most `job.spec.max_nodes` nodes; for a requeued job, on nodes where no other job holds a
+        GPU with one of its old indices (`Job.requeue_indices`) when there is such a placement.
+
+        A preference, not a rule: were it a rule, the count-based policies (AFS, the default) would keep
+        giving GPUs to a job that cannot be placed and stopping others for it (hundreds of suspends per
+        job on Philly's 0e4a51). Where only a tied node is left, the job may wait in Slurm there."""
+        tied = job.requeue_indices
+        if tied:
+            found = self._find(job, gpus, tied)
+            if found is not None:
+                return found
+        return self._find(job, gpus, frozenset())
+
+    def _find(self, job: Job, gpus: int, tied: frozenset[int]) -> Placement | None:
         if gpus <= 0 or gpus > self.free_count:
             return None
         max_nodes = job.spec.max_nodes
         if max_nodes is not None and gpus > max_nodes * self.max_node_gpus:
             return None
-        tied = job.requeue_indices
         if gpus <= self.max_node_gpus:
             others = sorted(k for k in self._keys if k not in (gpus, _EMPTY))
             best: tuple[float, list[GpuRef]] | None = None
