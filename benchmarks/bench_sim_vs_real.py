@@ -19,7 +19,9 @@ that same run (--no-calibrate: benchmarks/results/requeue.json instead):
 Two simulations are printed side by side with the real run:
 
 1. each start-up costing what that very start-up cost in the real run (a job's n-th start / resume /
-   move, event by event): this checks the simulator's model of the controller (ticks, rotations,
+   move, event by event), and the controller busy with each decision as long as it was (a tick that
+   comes while a round still waits for Slurm is skipped, live and simulated): this checks the
+   simulator's model of the controller (ticks, rotations,
    service accounting, placement, what the policy knows), and gives the verdict: PASS when every job's
    JCT is within the tolerance (15%);
 2. the fitted cost model (base per action + per GPU beyond one + per other job starting in the same
@@ -42,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from slurm_gandiva.controller.observe import WRAPPER_MAX_NODES
 from slurm_gandiva.demo import DEFAULT_STATE_DIR, RESULTS_FILE, WORKLOAD, Demo, DemoResult
 from slurm_gandiva.model import JobSpec, RateTable
 from slurm_gandiva.plan import Decision
@@ -91,6 +94,7 @@ class Measured:
     counts: dict[str, int]
     submit: dict[str, float]  # each job's submission time as the controller saw it (Slurm's)
     events: dict[str, list[float]]  # each job's start / resume / move costs, in order
+    acts: dict[str, list[float]]  # how long the actor was busy with each of the job's decisions, in order
 
 
 def _median(xs: list[float], default: float) -> float:
@@ -155,6 +159,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     starts: list[tuple[str, float, int, float]] = []  # (action, intent, GPUs, cost)
     launches: list[float] = []
     by_job: dict[str, list[float]] = {}  # each job's start-up costs, in order
+    acts: dict[str, list[float]] = {}
     suspends: list[float] = []
     finish: list[float] = []
     lag: dict[str, float] = {}
@@ -174,6 +179,8 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
             for d in store.decisions(job_ids=[j.job_id]):
                 if d.outcome is not Outcome.SUCCEEDED:
                     continue
+                if d.outcome_at is not None:
+                    acts.setdefault(j.job_id, []).append(d.outcome_at - d.intent_at)
                 if d.action is Action.SUSPEND:
                     if d.outcome_at is not None:
                         suspends.append(d.outcome_at - d.intent_at)
@@ -207,7 +214,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     counts = {a: sum(1 for x, *_ in samples if x == a) for a in base}
     counts["suspend"] = len(suspends)
     counts["finish"] = len(finish)
-    return Measured(over, lag, counts, submit, by_job)
+    return Measured(over, lag, counts, submit, by_job, acts)
 
 
 class WorkloadSimulator(Simulator):
@@ -220,13 +227,23 @@ class WorkloadSimulator(Simulator):
         ranges: dict[str, tuple[int, int]],
         arrive: dict[str, float] | None = None,
         replay: dict[str, list[float]] | None = None,
+        acts: dict[str, list[float]] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
         self.ranges = ranges
         self.arrive = arrive or {}
         self.replay = replay
+        self.acts = acts
         self._nth: dict[str, int] = {}
+        self._nth_act: dict[str, int] = {}
+
+    def act_seconds(self, d: Decision) -> float:
+        """With `acts`, the actor is busy with a job's n-th decision as long as it was in the real run."""
+        n = self._nth_act.get(d.job_id, 0)
+        self._nth_act[d.job_id] = n + 1
+        took = (self.acts or {}).get(d.job_id, [])
+        return took[n] if n < len(took) else super().act_seconds(d)
 
     def startup(self, d: Decision, gpus: int, crowd: float) -> float:
         """With `replay`, a job's n-th start / resume / move costs what its n-th one cost in the real run
@@ -240,7 +257,8 @@ class WorkloadSimulator(Simulator):
         recs = super().make_jobs()
         for r in recs:
             lo, hi = self.ranges[r.job.job_id]
-            spec: JobSpec = replace(r.job.spec, min_gpus=lo, max_gpus=hi)
+            # One node per job, as the live controller tells the policies (the wrapper runs on one node).
+            spec: JobSpec = replace(r.job.spec, min_gpus=lo, max_gpus=hi, max_nodes=WRAPPER_MAX_NODES)
             # The controller knows no scaling table for the demo model: only what it measures.
             r.job = replace(r.job, spec=spec, rates=RateTable())
             r.arrive = max(spec.submit_time, self.arrive.get(spec.job_id, spec.submit_time))
@@ -266,6 +284,7 @@ def simulate(
     lag: dict[str, float] | None = None,
     policy_submit: dict[str, float] | None = None,
     replay: dict[str, list[float]] | None = None,
+    acts: dict[str, list[float]] | None = None,
 ) -> tuple[SimResult, dict[str, float | None]]:
     """The real run's jobs in the simulator (2 nodes x 4 GPUs, the same policy, quantum and tick).
 
@@ -299,6 +318,7 @@ def simulate(
         ranges={j.job_id: (j.min_gpus, j.max_gpus) for j in real.jobs},
         arrive={j.job_id: j.submitted - t0 + lag.get(j.job_id, 0.0) for j in real.jobs},
         replay=replay,
+        acts=acts,
     )
     res = sim.run()
     submitted = {j.job_id: j.submitted - t0 for j in real.jobs}
@@ -431,9 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     lag: dict[str, float] = {}
     submit: dict[str, float] = {}
     events: dict[str, list[float]] | None = None
+    acts: dict[str, list[float]] | None = None
     if args.calibrate:
         m = measure(path.parent, real, overheads)
-        overheads, lag, submit, events = m.overheads, m.lag, m.submit, m.events
+        overheads, lag, submit, events, acts = m.overheads, m.lag, m.submit, m.events, m.acts
         print("measured in the real run (decisions): " + ", ".join(f"{k} {n}" for k, n in sorted(m.counts.items())))
         if lag:
             print(f"registration lag: median {statistics.median(lag.values()):.1f} s over {len(lag)} jobs")
@@ -442,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     r_sus = sum(sum(1 for *_, why in j.slice_log if why == "quantum") for j in real.jobs)
     ok = True
     if events is not None:
-        sim, sim_jct = simulate(real, overheads, lag, submit, replay=events)
+        sim, sim_jct = simulate(real, overheads, lag, submit, replay=events, acts=acts)
         print(
             f"\n1. Each start-up costing what it cost in the real run, event by event (suspends: real {r_sus}, "
             f"simulated {sum(j.suspends for j in sim.jobs)}):"

@@ -6,7 +6,9 @@ Events are arrivals, completions and, while jobs wait (or a trial runs), re-deci
 time that returns after each call: None = only on events). With `SimConfig.tick` set, the engine
 decides only on the controller's tick grid instead (every `tick` s from the first arrival, while any job
 is active): arrivals, completions and slice expiries between two ticks are acted on at the next one, as
-the controller sees them (slower; for comparing with a real run). A job may also arrive later than its
+the controller sees them, and a tick that comes while the previous round is still acting (a start
+waiting for Slurm) is skipped, as the controller's is (slower; for comparing with a real run). A job
+may also arrive later than its
 submission (`_Rec.arrive`: when the controller registers it). At each decision the engine builds the same
 `ClusterView` the controller builds (measured rates = the model's true rate at the job's current
 placement), calls the very same policy object, checks the plan (no GPU booked twice, counts within
@@ -384,6 +386,7 @@ class Simulator:
         done = 0
         decisions = actions = 0
         last_decision = -math.inf
+        acting_until = -math.inf  # with a tick: the controller's round is still acting (no new tick)
         changed = False
         max_time = self.config.max_time if self.config.max_time is not None else math.inf
 
@@ -408,7 +411,7 @@ class Simulator:
                     expiries = (e for r in running.values() if (e := r.expiry(quantum)) > t)
                     t_tick = min(t_tick, min(expiries, default=t_tick))
             if tick is not None:
-                nt = max(last_decision + tick, t)
+                nt = max(last_decision + tick, t, acting_until)
                 t_tick = grid0 + math.ceil((nt - grid0) / tick - 1e-9) * tick if active else math.inf
             t_next = min(t_arr, t_done, t_tick)
             if t_next == math.inf or t_next > max_time:
@@ -473,6 +476,8 @@ class Simulator:
             if plan:
                 actions += len(plan)
                 self._apply(plan, active, running, whole, shards, busy_until, t)
+                if tick is not None:
+                    acting_until = t + max(self.act_seconds(d) for d in plan.decisions)
             samples.append(Sample(t, len(whole) + len(shards), len(running), len(active) - len(running)))
             if progress is not None:
                 progress(done, n, t)
@@ -622,6 +627,13 @@ class Simulator:
             elif a in (Action.PACK, Action.UNPACK):
                 r.packs += 1
         self._refresh_rates(moved, touched, running, shards)
+
+    def act_seconds(self, d: Decision) -> float:
+        """How long the controller's actor is busy with decision `d` (with a tick: the next tick waits
+        for the round, as the controller's tick job does): a suspend's cost, else until Slurm runs the
+        job (`launch`). A subclass may replay measured times."""
+        o = self.config.overheads
+        return o.suspend if d.action is Action.SUSPEND else o.launch
 
     def startup(self, d: Decision, gpus: int, crowd: float) -> float:
         """Seconds without progress after decision `d` (a start, resume or move onto `gpus` GPUs), `crowd`

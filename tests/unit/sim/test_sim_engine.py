@@ -290,3 +290,11 @@ def test_learned_rates_show_policies_only_what_was_measured() -> None:
     seen.clear()
     Blank(trace(("a", 0, 20, 1)), Spy(), replace(cfg, learn_rates=False)).run()
     assert seen and all(t.rates == {} for t in seen)  # without learning the (blank) table stays as it was
+
+
+def test_a_tick_that_comes_while_the_round_still_acts_is_skipped() -> None:
+    """Ticks every 2 s; the start of a (at 0) keeps the actor busy until Slurm runs it, 7 s (`launch`):
+    the ticks at 2, 4 and 6 are skipped as the controller's are, so b (submitted at 1) starts at 8."""
+    cfg = replace(ONE_GPU, gpus_per_node=2, tick=2.0, overheads=Overheads(start=0, suspend=0, resume=0, launch=7.0))
+    res = Simulator(trace(("a", 0, 10, 1), ("b", 1, 10, 1)), ToyFifo(), cfg).run()
+    assert {j.job_id: j.first_start for j in res.jobs} == pytest.approx({"a": 0.0, "b": 8.0})

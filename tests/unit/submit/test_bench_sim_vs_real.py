@@ -84,6 +84,7 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     assert m.lag == pytest.approx({"1": 1.5, "2": 1.5})
     assert m.overheads.launch == pytest.approx(1.0)  # start / resume decision -> Slurm runs it
     assert m.events == {"1": [5.0], "2": [6.0, 6.0]}  # each job's start-ups, in order, for the replay
+    assert m.acts == {"1": [1.0], "2": [1.0, 0.5, 1.0]}  # how long the actor was busy with each decision
     assert m.submit == {j.job_id: j.submitted for j in real.jobs[:2]}  # what the controller's policy saw
 
 
