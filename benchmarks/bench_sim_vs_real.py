@@ -235,23 +235,25 @@ class WorkloadSimulator(Simulator):
         self.arrive = arrive or {}
         self.replay = replay
         self.acts = acts
-        self._nth: dict[str, int] = {}
-        self._nth_act: dict[str, int] = {}
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def _measured(self, kind: str, table: dict[str, list[float]] | None, job_id: str) -> float | None:
+        """The job's next value of `kind` from `table` (its n-th call, n-th value); None past the end."""
+        n = self._seen.get((kind, job_id), 0)
+        self._seen[(kind, job_id)] = n + 1
+        values = (table or {}).get(job_id, [])
+        return values[n] if n < len(values) else None
 
     def act_seconds(self, d: Decision) -> float:
         """With `acts`, the actor is busy with a job's n-th decision as long as it was in the real run."""
-        n = self._nth_act.get(d.job_id, 0)
-        self._nth_act[d.job_id] = n + 1
-        took = (self.acts or {}).get(d.job_id, [])
-        return took[n] if n < len(took) else super().act_seconds(d)
+        took = self._measured("act", self.acts, d.job_id)
+        return took if took is not None else super().act_seconds(d)
 
     def startup(self, d: Decision, gpus: int, crowd: float) -> float:
         """With `replay`, a job's n-th start / resume / move costs what its n-th one cost in the real run
         (the model when the real job had fewer)."""
-        n = self._nth.get(d.job_id, 0)
-        self._nth[d.job_id] = n + 1
-        costs = (self.replay or {}).get(d.job_id, [])
-        return costs[n] if n < len(costs) else super().startup(d, gpus, crowd)
+        cost = self._measured("startup", self.replay, d.job_id)
+        return cost if cost is not None else super().startup(d, gpus, crowd)
 
     def make_jobs(self) -> list[Any]:
         recs = super().make_jobs()
