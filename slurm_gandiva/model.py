@@ -309,9 +309,10 @@ class Job:
         Slurm 22.05 keeps a requeued job's old GRES indices: released onto other GPUs of a node where
         another job holds a GPU with one of those indices, it stays pending until that GPU frees
         (measured: 15-45 s stalls), whatever its new gres says. Placement prefers nodes clear of them
-        (`GpuPool.find`). A running job that is moved or resized is requeued too, but steering those
-        moves made AFS grow jobs in place with worse locality and shrink them again (25x more resizes
-        on the Philly traces), so they are left free: such a move can still wait on Slurm.
+        (`GpuPool.find`). A running job that is moved or resized is requeued too: `realize` steers a
+        running job it moves off its GPUs the same way, but not a growing one (steering growth made
+        AFS grow jobs in place with worse locality and shrink them again: 25x more resizes on the
+        Philly traces), so a resize can still wait on Slurm.
         """
         if self.state is JobState.RUNNING:
             return frozenset()

@@ -136,17 +136,21 @@ def tiers(values: Mapping[str, float], width: float) -> dict[str, int]:
     return out
 
 
-def young(job: Job, now: float, min_slice: float, grid: float | None = None) -> bool:
-    """Whether a running job's slice is too young to end: less than `min_slice` old, or, with a rotation
+def young(job: Job, now: float, min_slice: float, grid: float | None = None, window: float | None = None) -> bool:
+    """Whether a running job's slice may not end now: less than `min_slice` old, or, with a rotation
     `grid`, before the first multiple of `grid` (seconds of wall time) at least `min_slice` after the
-    slice began. On a grid, slices end at fixed times whatever a job's start-up took, so a second of
-    start-up jitter cannot move a rotation to another tick."""
+    slice began, or (with a `window`) more than `window` seconds after the last rotation. On a grid,
+    slices end at fixed times whatever a job's start-up took, so a second of start-up jitter cannot move
+    a rotation to another tick; with a window, a job kept at a rotation keeps its GPUs until the next
+    one (a slice does not end mid-round when another job's finish or service crosses it by a second)."""
     if job.state is not JobState.RUNNING or job.slice_start is None:
         return False
     if not grid:
         return slice_age(job, now) < min_slice
     due = math.ceil((job.slice_start + min_slice) / grid - 1e-9) * grid
-    return now < due - 1e-6
+    if now < due - 1e-6:
+        return True
+    return window is not None and now - math.floor(now / grid + 1e-9) * grid >= window
 
 
 def finishing(job: Job, grace: float) -> bool:
@@ -165,6 +169,7 @@ def _las_counts(
     step: float = 0.0,
     grid: float | None = None,
     grace: float = 0.0,
+    window: float | None = None,
 ) -> tuple[list[Job], dict[str, int]]:
     """Gandiva time-slicing: pinned young slices, then least attained service per GPU first.
 
@@ -206,7 +211,7 @@ def _las_counts(
     free = float(cap)
     counts: dict[str, int] = {}
     for j in order:
-        if j.state is JobState.RUNNING and (young(j, now, min_slice, grid) or finishing(j, grace)):
+        if j.state is JobState.RUNNING and (young(j, now, min_slice, grid, window) or finishing(j, grace)):
             k = clamp(j, j.gpus)
             c = cost(j, k)
             if c <= free + 1e-9:
@@ -245,6 +250,7 @@ def _run_round(
     reserve: bool = False,
     grid: float | None = None,
     grace: float = 0.0,
+    window: float | None = None,
 ) -> Plan:
     for job_id, p in back.items():
         if p is None:
@@ -253,7 +259,7 @@ def _run_round(
     for jid, p in fixed.items():
         counts[jid] = p.count
     targets, pool = realize(view, order, counts, reason=reason, fixed=fixed, reverts=reverts, memo=memo)
-    res = _reservation(view, order, targets, now, min_slice, grid, grace) if reserve else None
+    res = _reservation(view, order, targets, now, min_slice, grid, grace, window) if reserve else None
     if res is not None:
         # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
         # lower-priority jobs there once nothing younger than a min slice is left in its way.
@@ -313,6 +319,7 @@ def _reservation(
     min_slice: float,
     grid: float | None,
     grace: float = 0.0,
+    window: float | None = None,
 ) -> _Reservation | None:
     """GPUs to keep for the highest-priority waiting job that got none, when it needs several.
 
@@ -320,7 +327,8 @@ def _reservation(
     frees up (their young slices are pinned): it waits until the cluster drains. The node chosen is one
     where the jobs ahead of it in priority leave room for it: preferably one where it can start now
     (stopping the lowest-priority jobs there), else the one with fewest GPUs pinned by young slices,
-    whose free GPUs then stay idle (at most one min slice) instead of starting new slices.
+    whose free GPUs then stay idle (at most one min slice) instead of starting new slices. GPUs this
+    round gives to jobs ahead of it stay theirs.
     """
     head = next(
         (j for j in order if j.state is not JobState.RUNNING and targets.placements.get(j.job_id) is None), None
@@ -330,25 +338,29 @@ def _reservation(
     k = head.spec.min_gpus
     rank = {j.job_id: i for i, j in enumerate(order)}
     mine = rank[head.job_id]
-    holders: dict[str, list[tuple[Job, int]]] = {}  # node -> (running job, GPUs it holds there)
+    holders: dict[str, list[tuple[Job, Placement]]] = {}  # node -> (job, the GPUs it holds or gets)
     for j in order:
-        if j.state is JobState.RUNNING and j.placement is not None:
-            for name in j.placement.nodes:
-                holders.setdefault(name, []).append((j, len(j.placement.on_node(name))))
+        p = j.placement if j.state is JobState.RUNNING else None
+        if rank[j.job_id] < mine and j.job_id in targets.placements:
+            p = targets.placements[j.job_id]  # where this round puts a job ahead of the head
+        if p is not None:
+            for name in p.nodes:
+                holders.setdefault(name, []).append((j, p))
     best: tuple[tuple[int, int, int, str], _Reservation] | None = None
     for node in view.topology.nodes:
         if not node.up or len(node.gpus) < k:
             continue
         on_node = holders.get(node.name, [])
         permanent = pinned = 0
-        movable: list[tuple[Job, int]] = []
-        for j, n in on_node:
+        movable: list[tuple[Job, Placement]] = []
+        for j, p in on_node:
+            n = len(p.on_node(node.name))
             if rank[j.job_id] < mine:
                 permanent += n
-            elif young(j, now, min_slice, grid) or finishing(j, grace):
+            elif young(j, now, min_slice, grid, window) or finishing(j, grace):
                 pinned += n
             else:
-                movable.append((j, n))
+                movable.append((j, p))
         if len(node.gpus) - permanent < k:
             continue
         startable = len(node.gpus) - permanent - pinned >= k
@@ -369,9 +381,9 @@ def _reservation(
     return best[1] if best is not None and best[1].held else None
 
 
-def _free_on(node: Node, holders: Sequence[tuple[Job, int]], stopping: Sequence[str]) -> list[GpuRef]:
-    """`node`'s GPUs that no running job holds once the jobs in `stopping` have stopped."""
-    busy = {g for j, _ in holders if j.job_id not in stopping and j.placement for g in j.placement.gpus}
+def _free_on(node: Node, holders: Sequence[tuple[Job, Placement]], stopping: Sequence[str]) -> list[GpuRef]:
+    """`node`'s GPUs that no job in `holders` holds once the jobs in `stopping` have stopped."""
+    busy = {g for j, p in holders if j.job_id not in stopping for g in p.gpus}
     return [g.ref for g in node.gpus if g.ref not in busy]
 
 
@@ -562,15 +574,17 @@ class Gandiva(_TrialParams):
     service behind it, default `min_slice` or one quantum), and introspective packing, migration and
     grow-shrink trials. With `aligned` (the default) slices end only at rotations, every `quantum`
     seconds of wall time (multiples of it), as in Gandiva's round-based time-slicing: the jobs of a
-    round stop and start together, and start-up jitter cannot move a slice's end to another tick. Past
-    the paper: a job expected to finish within `finish_grace` seconds (default a quarter quantum) is
-    not stopped."""
+    round stop and start together, and start-up jitter cannot move a slice's end to another tick; a
+    slice ends only within `rotation_window` seconds after a rotation (default a quarter quantum), so a
+    job kept at one keeps its GPUs until the next. Past the paper: a job expected to finish within
+    `finish_grace` seconds (default a quarter quantum) is not stopped."""
 
     quantum: float | None = 60.0
     min_slice: float | None = None
     hysteresis: float | None = None
     service_step: float | None = None  # seconds of service per GPU that count as equal; default quantum / 4
     aligned: bool = True
+    rotation_window: float | None = None  # aligned: slices end only this soon after a rotation; quantum / 4
     finish_grace: float | None = None  # a job finishing within this many seconds is not stopped; quantum / 4
     pack: bool = True
     migrate: bool = True
@@ -609,7 +623,10 @@ class Gandiva(_TrialParams):
         hyst = self.hysteresis if self.hysteresis is not None else self.min_slice or self.quantum or 0.0
         step = self.service_step if self.service_step is not None else (self.quantum or 0.0) / 4
         grace = self.finish_grace if self.finish_grace is not None else (self.quantum or 0.0) / 4
-        order, counts = _las_counts(jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid, grace)
+        window = self.rotation_window if self.rotation_window is not None else (self.quantum or 0.0) / 4
+        order, counts = _las_counts(
+            jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid, grace, window
+        )
         return _run_round(
             view,
             now,
@@ -626,6 +643,7 @@ class Gandiva(_TrialParams):
             reserve=True,
             grid=grid,
             grace=grace,
+            window=window,
         )
 
 

@@ -258,15 +258,17 @@ class GpuPool:
             if bucket:
                 yield from bucket
 
-    def find(self, job: Job, gpus: int) -> Placement | None:
+    def find(self, job: Job, gpus: int, tied: frozenset[int] | None = None) -> Placement | None:
         """The best whole-GPU placement of `gpus` GPUs for `job` by affinity and locality (not booked),
         on at most `job.spec.max_nodes` nodes; for a requeued job, on nodes where no other job holds a
-        GPU with one of its old indices (`Job.requeue_indices`) when there is such a placement.
+        GPU with one of its old indices (`tied`, default `Job.requeue_indices`) when there is such a
+        placement.
 
         A preference, not a rule: were it a rule, the count-based policies (AFS, the default) would keep
         giving GPUs to a job that cannot be placed and stopping others for it (hundreds of suspends per
         job on Philly's 0e4a51). Where only a tied node is left, the job may wait in Slurm there."""
-        tied = job.requeue_indices
+        if tied is None:
+            tied = job.requeue_indices
         if tied:
             found = self._find(job, gpus, tied)
             if found is not None:
@@ -503,10 +505,13 @@ def realize(
             pool.release(old)
         found = None
         lowest = job.spec.min_gpus if elastic_fallback else want
+        # A running job moved off its GPUs is requeued: it keeps their indices (`Job.requeue_indices`).
+        moved = job.placement if old is None and job.state is JobState.RUNNING else None
+        tied = frozenset(g.index for g in moved.gpus) if moved is not None and not moved.shared else None
         for k in range(want, max(1, lowest) - 1, -1):
             if old is not None and k <= old.count:
                 break
-            found = pool.find(job, k)
+            found = pool.find(job, k, tied)
             if found is not None:
                 break
         if found is not None:

@@ -26,7 +26,7 @@ from slurm_gandiva.selector import POLICY_NAMES, make_policy
 from slurm_gandiva.selector.afs import afs_counts
 from slurm_gandiva.selector.common import Speeds
 from slurm_gandiva.selector.gandiva import finishing, tiers, young
-from slurm_gandiva.selector.placement import LOCALITY_PRIOR, GpuPool, locality_factor
+from slurm_gandiva.selector.placement import LOCALITY_PRIOR, GpuPool, locality_factor, realize
 
 
 def job(
@@ -128,6 +128,23 @@ def test_a_requeued_job_avoids_nodes_where_its_old_gpu_indices_are_taken() -> No
     assert running("r", gp("n1", 2, 3)).requeue_indices == frozenset()
 
 
+def test_a_running_job_moved_off_its_gpus_avoids_nodes_where_its_indices_are_taken() -> None:
+    """x runs on n1:1; GPUs kept for another job take n1 (as `_reservation` does), so `realize` moves x.
+    Moved, it is requeued and keeps index 1: n2 (y holds n2:1) would leave it pending; n3 does not."""
+    topo = Topology.uniform(3, 2)
+    x, y, z = running("x", gp("n1", 1)), running("y", gp("n2", 1)), running("z", gp("n3", 0))
+    view = ClusterView(topo, (x, y, z))
+    pool = GpuPool(topo)
+    assert pool.book(gp("n1", 0, 1))
+    targets, _ = realize(view, [y, z, x], {"x": 1, "y": 1, "z": 1}, pool=pool)
+    assert targets.placements == {"x": gp("n3", 1)}
+    # With no node clear of index 1, it still moves (a preference: it may wait in Slurm).
+    pool = GpuPool(topo)
+    assert pool.book(gp("n1", 0, 1)) and pool.book(gp("n3", 1))
+    targets, _ = realize(view, [y, z, x], {"x": 1, "y": 1, "z": 1}, pool=pool)
+    assert targets.placements == {"x": gp("n2", 0)}
+
+
 # -- time-slicing --------------------------------------------------------------------------------
 
 ONE_GPU = Topology.uniform(1, 1)
@@ -139,10 +156,12 @@ def test_time_slice_waits_for_min_slice_then_rotates() -> None:
     b = job("b", submit=10.0)
     assert not pol.decide(ClusterView(ONE_GPU, (a, b), 30.0), 30.0)  # a's slice is younger than 60 s
     a = a.evolve(attained_service=70.0)  # 10 s past the hysteresis: less than a service step (15 s)
-    assert not pol.decide(ClusterView(ONE_GPU, (a, b), 70.0), 70.0)
+    assert not pol.decide(ClusterView(ONE_GPU, (a, b), 120.0), 120.0)
     a = a.evolve(attained_service=76.0)
-    plan = pol.decide(ClusterView(ONE_GPU, (a, b), 76.0), 76.0)
+    plan = pol.decide(ClusterView(ONE_GPU, (a, b), 121.0), 121.0)
     assert steps(plan) == [("suspend", "a", "-"), ("start", "b", "n1:0")]
+    # Kept at the rotation at 120: it keeps its GPU until the next rotation (window: a quarter quantum).
+    assert not pol.decide(ClusterView(ONE_GPU, (a, b), 136.0), 136.0)
     assert pol.quantum == 60.0  # type: ignore[attr-defined]
 
 
@@ -155,7 +174,7 @@ def test_start_up_jitter_does_not_decide_who_is_suspended() -> None:
     for sa, sb in ((31.2, 31.9), (31.9, 31.2)):
         a = running("a", gp("n1", 0), since=0.0, attained_service=sa, submit=0.0)
         b = running("b", gp("n1", 1), since=0.0, attained_service=sb, submit=5.0)
-        plan = pol.decide(ClusterView(topo, (a, b, c), 40.0), 40.0)
+        plan = pol.decide(ClusterView(topo, (a, b, c), 30.5), 30.5)
         assert [(x, j) for x, j, _ in steps(plan)] == [("suspend", "b"), ("start", "c")], (sa, sb)
 
 
@@ -165,7 +184,7 @@ def test_time_slice_picks_least_service_then_longest_waiting() -> None:
     b = job("b", state=JobState.SUSPENDED, attained_service=50.0, last_run_end=20.0, times_scheduled=1)
     c = job("c", state=JobState.SUSPENDED, attained_service=50.0, last_run_end=10.0, times_scheduled=1)
     d = job("d", state=JobState.SUSPENDED, attained_service=80.0, last_run_end=5.0, times_scheduled=1)
-    plan = pol.decide(ClusterView(ONE_GPU, (a, b, c, d), 200.0), 200.0)
+    plan = pol.decide(ClusterView(ONE_GPU, (a, b, c, d), 240.0), 240.0)
     assert steps(plan) == [("suspend", "a", "-"), ("resume", "c", "n1:0")]
 
 
@@ -235,13 +254,13 @@ def test_a_waiting_four_gpu_job_gets_a_node_kept_for_it_instead_of_starving() ->
     starts there); once that node's pinned slices are old, its lowest-priority jobs stop and the 4-GPU
     job starts there (on n2, where the old slices are)."""
     pol = make_policy("gandiva", pack=False, quantum=30.0, hysteresis=0.0)
-    now = 100.0
+    now = 90.5  # just after a rotation
 
     def one(jid: str, node: str, i: int, since: float, service: float) -> Job:
         return running(jid, gp(node, i), since=since, attained_service=service)
 
     old = [one(f"o{i}", "n2", i, 0.0, 100.0 + i) for i in range(4)]  # 100 s of service, slices 100 s old
-    young = [one(f"y{i}", "n1", i, 90.0, 10.0) for i in range(3)]  # 10 s old: pinned
+    young = [one(f"y{i}", "n1", i, 80.0, 10.0) for i in range(3)]  # 10 s old: pinned
     big = job("big", 4, submit=50.0)
     small = job("small", 1, submit=60.0)  # also waits, after the big one in LAS order
     plan = pol.decide(ClusterView(TWO_BY_FOUR, (*old, *young, big, small), now), now)
@@ -250,8 +269,8 @@ def test_a_waiting_four_gpu_job_gets_a_node_kept_for_it_instead_of_starving() ->
     assert sorted(j for a, j, _ in got if a == "suspend") == ["o0", "o1", "o2", "o3"]
     assert ("start", "small", "n1:3") in got  # a GPU the big job does not need
     # Both nodes pinned: n1 (2 pinned, 2 free) is the big job's; its free GPUs stay idle, nothing stops.
-    pinned_n1 = [one(f"y{i}", "n1", i, 90.0, 10.0) for i in range(2)]
-    n2 = [one(f"p{i}", "n2", i, 95.0, 5.0) for i in range(3)] + [one("q", "n2", 3, 0.0, 100.0)]
+    pinned_n1 = [one(f"y{i}", "n1", i, 80.0, 10.0) for i in range(2)]
+    n2 = [one(f"p{i}", "n2", i, 85.0, 5.0) for i in range(3)] + [one("q", "n2", 3, 0.0, 100.0)]
     plan = pol.decide(ClusterView(TWO_BY_FOUR, (*pinned_n1, *n2, big, small), now), now)
     assert not plan, steps(plan)
     # Without the reservation the small job would have started on n1 (the policy before this change).
@@ -259,14 +278,32 @@ def test_a_waiting_four_gpu_job_gets_a_node_kept_for_it_instead_of_starving() ->
     assert [(a, j) for a, j, _ in steps(alone)] == [("start", "small")]
 
 
+def test_gpus_kept_for_a_big_job_are_never_taken_from_a_job_ahead_of_it() -> None:
+    """Mid-round, a 2-GPU job (less service, submitted first) and a 4-GPU job wait; n2 has two free GPUs.
+    The 2-GPU job starts there: the 4-GPU job behind it cannot keep them idle for itself (it could not
+    start anyway: young slices pin the rest of both nodes)."""
+    pol = make_policy("gandiva", pack=False, quantum=30.0, hysteresis=0.0)
+    now = 108.8
+    jobs = (
+        running("r1", gp("n1", 0, 1), since=96.0, attained_service=2.0),
+        running("r2", gp("n1", 2), since=35.0, attained_service=90.0),
+        running("r3", gp("n2", 1), since=100.0, attained_service=85.0),
+        running("r4", gp("n2", 2), since=92.0, attained_service=50.0),
+        job("two", 2, submit=10.0),
+        job("four", 4, submit=18.0),
+    )
+    plan = pol.decide(ClusterView(TWO_BY_FOUR, jobs, now), now)
+    assert steps(plan) == [("start", "two", "n2:0+3")]
+
+
 def test_attained_service_is_per_gpu_for_fairness() -> None:
     topo = Topology.uniform(1, 2)
     pol = make_policy("gandiva", pack=False, hysteresis=0.0)
     a = running("a", gp("n1", 0, 1), since=0.0, attained_service=100.0)  # 50 s per GPU
     b = job("b", 1, state=JobState.SUSPENDED, attained_service=60.0, last_run_end=0.0, times_scheduled=1)
-    assert not pol.decide(ClusterView(topo, (a, b), 100.0), 100.0)  # b ran longer (60 s) than a
+    assert not pol.decide(ClusterView(topo, (a, b), 120.0), 120.0)  # b ran longer (60 s) than a
     c = job("c", 2, state=JobState.SUSPENDED, attained_service=40.0, last_run_end=0.0, times_scheduled=1)
-    plan = pol.decide(ClusterView(topo, (a, c), 100.0), 100.0)
+    plan = pol.decide(ClusterView(topo, (a, c), 120.0), 120.0)
     assert steps(plan) == [("suspend", "a", "-"), ("resume", "c", "n1:0+1")]  # c ran 20 s per GPU
 
 
@@ -315,7 +352,7 @@ def test_failed_pack_is_reverted_and_not_retried() -> None:
     assert after.consistency_errors() == []
     assert TrialKind.PACK in after.job("a").failed_trials and TrialKind.PACK in after.job("b").failed_trials
     # b waits now; it is never packed again, but time-slicing gives it its turn (less service than a).
-    plan = pol.decide(after, 210.0)
+    plan = pol.decide(after, 240.0)  # the next rotation
     assert steps(plan) == [("suspend", "a", "-"), ("resume", "b", "n1:0")]
     assert plan.decisions[1].trial is None
 
