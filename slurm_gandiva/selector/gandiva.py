@@ -251,6 +251,7 @@ def _run_round(
     grid: float | None = None,
     grace: float = 0.0,
     window: float | None = None,
+    strict_ties: bool = False,
 ) -> Plan:
     for job_id, p in back.items():
         if p is None:
@@ -258,14 +259,16 @@ def _run_round(
     fixed = {jid: p for jid, p in back.items() if p is not None and counts.get(jid, 0) > 0}
     for jid, p in fixed.items():
         counts[jid] = p.count
-    targets, pool = realize(view, order, counts, reason=reason, fixed=fixed, reverts=reverts, memo=memo)
-    res = _reservation(view, order, targets, now, min_slice, grid, grace, window) if reserve else None
+    targets, pool = realize(
+        view, order, counts, reason=reason, fixed=fixed, reverts=reverts, memo=memo, strict_ties=strict_ties
+    )
+    res = _reservation(view, order, targets, now, min_slice, grid, grace, window, strict_ties) if reserve else None
     if res is not None:
         # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
         # lower-priority jobs there once nothing younger than a min slice is left in its way.
         for jid in res.yields:
             counts[jid] = 0
-        pool = GpuPool(view.topology, memo)
+        pool = GpuPool(view.topology, memo, strict_ties=strict_ties)
         hold = Placement(res.held)
         pool.book(hold)
         targets, pool = realize(
@@ -287,7 +290,10 @@ def _run_round(
             break
         if j.job_id in back or pool.free_count < j.spec.min_gpus:
             continue
-        p = pool.find(j, j.spec.min_gpus)
+        p = j.placement if j.state is JobState.RUNNING else None
+        if p is None or p.count != j.spec.min_gpus or not pool.can_book(p):  # stay put when it can
+            tied = frozenset(g.index for g in p.gpus) if p is not None and not p.shared else None
+            p = pool.find(j, j.spec.min_gpus, tied)
         if p is not None and pool.book(p):
             targets.set(j.job_id, p, reason)
             final[j.job_id] = p
@@ -320,6 +326,7 @@ def _reservation(
     grid: float | None,
     grace: float = 0.0,
     window: float | None = None,
+    strict_ties: bool = False,
 ) -> _Reservation | None:
     """GPUs to keep for the highest-priority waiting job that got none, when it needs several.
 
@@ -328,7 +335,8 @@ def _reservation(
     where the jobs ahead of it in priority leave room for it: preferably one where it can start now
     (stopping the lowest-priority jobs there), else the one with fewest GPUs pinned by young slices,
     whose free GPUs then stay idle (at most one min slice) instead of starting new slices. GPUs this
-    round gives to jobs ahead of it stay theirs.
+    round gives to jobs ahead of it stay theirs. With `strict_ties`, not on a node where a job that
+    stays holds a GPU with one of the head's Slurm indices (`Job.requeue_indices`): it could not start.
     """
     head = next(
         (j for j in order if j.state is not JobState.RUNNING and targets.placements.get(j.job_id) is None), None
@@ -336,6 +344,7 @@ def _reservation(
     if head is None or head.spec.min_gpus < 2:
         return None
     k = head.spec.min_gpus
+    tied = head.requeue_indices
     rank = {j.job_id: i for i, j in enumerate(order)}
     mine = rank[head.job_id]
     holders: dict[str, list[tuple[Job, Placement]]] = {}  # node -> (job, the GPUs it holds or gets)
@@ -375,6 +384,8 @@ def _reservation(
                 free = _free_on(node, on_node, yields)
             if len(free) < k:  # shared GPUs: a sharer still holds one
                 continue
+        if strict_ties and tied and any(g.ref.index in tied for g in node.gpus if g.ref not in free):
+            continue
         score = (0 if startable else 1, pinned, len(yields), node.name)
         if best is None or score < best[0]:
             best = (score, _Reservation(head, tuple(free), tuple(yields), startable))
@@ -644,6 +655,8 @@ class Gandiva(_TrialParams):
             grid=grid,
             grace=grace,
             window=window,
+            # A job Slurm would hold waits here instead: the leftover loop gives its GPUs to others.
+            strict_ties=True,
         )
 
 

@@ -99,9 +99,10 @@ def _pool_template(topology: Topology) -> list[tuple[str, dict[GpuRef, GpuInfo],
 class GpuPool:
     """Which GPUs of the up nodes are free, whole or as shards, indexed for fast placement."""
 
-    def __init__(self, topology: Topology, memo: Memo | None = None) -> None:
+    def __init__(self, topology: Topology, memo: Memo | None = None, *, strict_ties: bool = False) -> None:
         self.topology = topology
         self.memo = memo if memo is not None else Memo()
+        self.strict_ties = strict_ties  # `find`: never place a requeued job where Slurm would hold it
         self._nodes: dict[str, _NodeState] = {}
         self._shards: dict[GpuRef, int] = {}
         self._whole: set[GpuRef] = set()
@@ -266,12 +267,13 @@ class GpuPool:
 
         A preference, not a rule: were it a rule, the count-based policies (AFS, the default) would keep
         giving GPUs to a job that cannot be placed and stopping others for it (hundreds of suspends per
-        job on Philly's 0e4a51). Where only a tied node is left, the job may wait in Slurm there."""
+        job on Philly's 0e4a51). Where only a tied node is left, the job may wait in Slurm there; with
+        `strict_ties` (Gandiva, whose leftover GPUs go to other waiting jobs) it gets none instead."""
         if tied is None:
             tied = job.requeue_indices
         if tied:
             found = self._find(job, gpus, tied)
-            if found is not None:
+            if found is not None or self.strict_ties:
                 return found
         return self._find(job, gpus, frozenset())
 
@@ -443,6 +445,7 @@ def realize(
     fixed: Mapping[str, Placement] | None = None,
     reverts: Iterable[str] = (),
     memo: Memo | None = None,
+    strict_ties: bool = False,
 ) -> tuple[Targets, GpuPool]:
     """Targets that give each job in `jobs` (priority order) `counts[job_id]` GPUs (0 or missing: none).
 
@@ -451,9 +454,10 @@ def realize(
     With `elastic_fallback`, a job that cannot get its count gets the most it can, down to its minimum.
     `fixed` names exact placements for some jobs (trial reverts), taken when their GPUs are available
     after the staying jobs are booked; `reverts` marks the decisions of those jobs as reverts.
+    `strict_ties`: see `GpuPool.find` (for the pool made here).
     """
     topo = view.topology
-    pool = pool or GpuPool(topo, memo)
+    pool = pool or GpuPool(topo, memo, strict_ties=strict_ties)
     out = Targets()
     kept: dict[str, Placement] = {}
     pending: list[Job] = []

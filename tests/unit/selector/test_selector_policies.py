@@ -128,6 +128,23 @@ def test_a_requeued_job_avoids_nodes_where_its_old_gpu_indices_are_taken() -> No
     assert running("r", gp("n1", 2, 3)).requeue_indices == frozenset()
 
 
+def test_gandiva_leaves_a_job_slurm_would_hold_waiting_and_gives_its_turn_to_the_next() -> None:
+    """b (least service) last ran on GPU 1; c and d hold GPU 1 of both nodes. Slurm would keep b pending
+    wherever it goes (the controller would wait on it, a whole round blocked), so Gandiva does not
+    resume it; e, next in line, takes a free GPU. The count-based default still places b (a preference
+    there: see `GpuPool.find`)."""
+    topo = Topology.uniform(2, 2)
+    c = running("c", gp("n1", 1), since=55.0, attained_service=5.0)
+    d = running("d", gp("n2", 1), since=55.0, attained_service=5.0)
+    b = job("b", state=JobState.SUSPENDED, last_gpus=gp("n1", 1).gpus, times_scheduled=1, attained_service=1.0)
+    e = job("e", submit=5.0)
+    e = e.evolve(attained_service=2.0)
+    view = ClusterView(topo, (c, d, b, e), 60.5)
+    plan = make_policy("gandiva", pack=False, quantum=30.0).decide(view, 60.5)
+    assert [(a, j) for a, j, _ in steps(plan)] == [("start", "e")]
+    assert "b" in {x.job_id for x in make_policy("default").decide(view, 60.5).decisions}
+
+
 def test_a_running_job_moved_off_its_gpus_avoids_nodes_where_its_indices_are_taken() -> None:
     """x runs on n1:1; GPUs kept for another job take n1 (as `_reservation` does), so `realize` moves x.
     Moved, it is requeued and keeps index 1: n2 (y holds n2:1) would leave it pending; n3 does not."""
