@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # A measurement taken this soon after a slice started still contains start-up time; ignore it.
 RATE_WARMUP_S = 2.0
+# The wrapper reports progress every few seconds (5 by default); the controller carries a running job's
+# last report forward at its measured rate for at most this long (a job that stops reporting stalls).
+PROGRESS_CARRY_S = 30.0
 # A wrapper's training start this much before the slice's recorded start still belongs to the slice (the
 # slice is recorded when the controller has seen the job RUNNING; torch start-up alone takes longer).
 TRAINING_START_SLACK_S = 0.5
@@ -251,6 +254,13 @@ def job_from(inp: JobInputs, topology: Topology, now: float) -> Job:
                 Locality.CROSS_NODE if len(placement.nodes) > 1 else Locality.NODE
             )
             rates = rates.with_rate(placement.count, loc, measured)
+    progress = float(prog.samples) if prog is not None else 0.0
+    if measured is not None and prog is not None:
+        # Where the job is now, not where it was at its last report: a job seconds from the end must
+        # look so to the policy (`finishing`), as it does in the simulator.
+        progress += measured * min(max(0.0, now - prog.updated), PROGRESS_CARRY_S)
+        if spec.total_work is not None:
+            progress = min(progress, spec.total_work)
     if inp.speedup:
         rates = with_prior(rates, inp.speedup)
     if state is JobState.RUNNING:
@@ -260,7 +270,7 @@ def job_from(inp: JobInputs, topology: Topology, now: float) -> Job:
         spec=spec,
         state=state,
         placement=placement,
-        progress=float(prog.samples) if prog is not None else 0.0,
+        progress=progress,
         attained_service=attained,
         times_scheduled=len(slices),
         first_start=min((s.start for s in slices), default=None),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from controller_fakes import nodes, pl, sjob
 
 from slurm_gandiva.controller.observe import (
+    PROGRESS_CARRY_S,
     JobInputs,
     build_view,
     foreign_gpus,
@@ -83,7 +84,7 @@ def test_measured_rate_feeds_rate_table_only_when_fresh_and_matching() -> None:
     fresh = Prog(samples=640, total_samples=6400, samples_per_s=90.0, world_size=2, updated=1010.0)
     view = build_view(TOPO, nodes(), [JobInputs(running, spec("1", 1, 2), (sl,), (old,), fresh)], {}, 1011.0)
     j = view.job("1")
-    assert j.measured_rate == 90.0 and j.progress == 640.0
+    assert j.measured_rate == 90.0 and j.progress == 640.0 + 90.0  # carried 1 s past the report
     assert j.rates.throughput(2, Locality.SWITCH) == 90.0 and j.rates.throughput(1) == 50.0
     assert j.spec.total_work == 6400.0  # from progress when the spec has none
     stale = Prog(samples=640, samples_per_s=90.0, world_size=2, updated=1001.0)  # within warm-up
@@ -92,6 +93,23 @@ def test_measured_rate_feeds_rate_table_only_when_fresh_and_matching() -> None:
     wrong = Prog(samples=640, samples_per_s=90.0, world_size=1, updated=1010.0)  # old world size
     v3 = build_view(TOPO, nodes(), [JobInputs(running, spec("1", 1, 2), (sl,), (), wrong)], {}, 1011.0)
     assert v3.job("1").measured_rate is None
+    assert v2.job("1").progress == v3.job("1").progress == 640.0  # no measured rate: not carried forward
+
+
+def test_progress_is_carried_to_now_at_the_measured_rate_up_to_the_end_and_a_limit() -> None:
+    """The wrapper reports every few seconds: a job 5 s from its end must not look 10 s from it."""
+    sl = SliceRecord(1, "1", "alice", 1, pl("n1", 0), 1000.0)
+    running = sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (0,)})
+    prog = Prog(samples=5000, total_samples=6000, samples_per_s=100.0, world_size=1, updated=1100.0)
+
+    def at(now: float) -> float:
+        return build_view(TOPO, nodes(), [JobInputs(running, spec("1"), (sl,), (), prog)], {}, now).job("1").progress
+
+    assert at(1100.0) == 5000.0 and at(1104.0) == 5400.0
+    assert at(1200.0) == 6000.0  # never past the end
+    far = Prog(samples=100, total_samples=100_000, samples_per_s=100.0, world_size=1, updated=1100.0)
+    stalled = build_view(TOPO, nodes(), [JobInputs(running, spec("1"), (sl,), (), far)], {}, 1500.0).job("1")
+    assert stalled.progress == 100 + 100.0 * PROGRESS_CARRY_S  # a job that stopped reporting stalls
 
 
 def test_foreign_jobs_take_gpus_out_and_down_nodes_show() -> None:
@@ -170,13 +188,14 @@ def test_slice_starts_at_the_first_progress_report_not_the_slurm_start() -> None
     stale = Prog(samples=64, world_size=1, updated=1029.0, started=950.0)
     assert start(stale, rates) == 1018.0
     assert start(Prog(samples=64, world_size=1, updated=1590.0, started=1580.0), now=1600.0) == 1060.0
-    # With a 20 s quantum, a job 30 s past its Slurm start but 12 s into training keeps its GPU.
+    # With a 20 s quantum (rotations at multiples of 20), at the rotation at 1020 a job 20 s past its
+    # Slurm start but 4 s into training keeps its GPU.
     from slurm_gandiva.selector import make_policy
 
     waiting = JobInputs(sjob("2", restarts=0, submit=1001.0), spec("2"))
     for p, kept in ((None, False), (first, True)):
         inputs = [JobInputs(running, spec("1"), (sl,), (), p), waiting]
         one_gpu = Topology.uniform(1, 1)
-        view = build_view(one_gpu, nodes()[:1], inputs, {}, 1028.0)
-        plan = make_policy("gandiva", quantum=20.0, pack=False).decide(view, 1028.0)
+        view = build_view(one_gpu, nodes()[:1], inputs, {}, 1020.5)
+        plan = make_policy("gandiva", quantum=20.0, pack=False, hysteresis=0.0).decide(view, 1020.5)
         assert (not any(d.job_id == "1" for d in plan.decisions)) is kept, (p, plan)
