@@ -295,6 +295,8 @@ def _run_round(
             tied = frozenset(g.index for g in p.gpus) if p is not None and not p.shared else None
             p = pool.find(j, j.spec.min_gpus, tied)
         if p is not None and pool.book(p):
+            if p == j.placement:
+                pool.settle(p)
             targets.set(j.job_id, p, reason)
             final[j.job_id] = p
             started.add(j.job_id)
@@ -335,8 +337,9 @@ def _reservation(
     where the jobs ahead of it in priority leave room for it: preferably one where it can start now
     (stopping the lowest-priority jobs there), else the one with fewest GPUs pinned by young slices,
     whose free GPUs then stay idle (at most one min slice) instead of starting new slices. GPUs this
-    round gives to jobs ahead of it stay theirs. With `strict_ties`, not on a node where a job that
-    stays holds a GPU with one of the head's Slurm indices (`Job.requeue_indices`): it could not start.
+    round gives to jobs ahead of it stay theirs. With `strict_ties`, not on a node where a running job
+    that stays holds a GPU with one of the head's Slurm indices (`Job.requeue_indices`): Slurm would
+    hold it.
     """
     head = next(
         (j for j in order if j.state is not JobState.RUNNING and targets.placements.get(j.job_id) is None), None
@@ -384,8 +387,10 @@ def _reservation(
                 free = _free_on(node, on_node, yields)
             if len(free) < k:  # shared GPUs: a sharer still holds one
                 continue
-        if strict_ties and tied and any(g.ref.index in tied for g in node.gpus if g.ref not in free):
-            continue
+        if strict_ties and tied:
+            staying = {g for j, p in on_node if j.job_id not in yields and p == j.placement for g in p.gpus}
+            if any(g.index in tied for g in staying if g.node == node.name):
+                continue
         score = (0 if startable else 1, pinned, len(yields), node.name)
         if best is None or score < best[0]:
             best = (score, _Reservation(head, tuple(free), tuple(yields), startable))

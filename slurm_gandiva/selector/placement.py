@@ -103,6 +103,7 @@ class GpuPool:
         self.topology = topology
         self.memo = memo if memo is not None else Memo()
         self.strict_ties = strict_ties  # `find`: never place a requeued job where Slurm would hold it
+        self._settled: set[GpuRef] = set()  # booked by jobs that stay where they run (`settle`)
         self._nodes: dict[str, _NodeState] = {}
         self._shards: dict[GpuRef, int] = {}
         self._whole: set[GpuRef] = set()
@@ -216,8 +217,15 @@ class GpuPool:
             self._add_index(name, st)
         return out
 
+    def settle(self, placement: Placement) -> None:
+        """Mark a booked placement as a running job's that stays: only such GPUs tie a requeued job
+        (`Job.requeue_indices`); one starting in the same plan waits for the requeued job's resume
+        (the actor's waves), so it does not."""
+        self._settled.update(placement.gpus)
+
     def release(self, placement: Placement) -> None:
-        """Undo `book(placement)`."""
+        """Undo `book(placement)` (and `settle`)."""
+        self._settled.difference_update(placement.gpus)
         size = placement.count
         touched = dict.fromkeys(g.node for g in placement.gpus)
         for name in touched:
@@ -314,10 +322,10 @@ class GpuPool:
         return found
 
     def _clear_for(self, name: str, indices: frozenset[int]) -> bool:
-        """Whether no GPU of node `name` with one of `indices` is booked (a requeued job tied to those
-        indices can start there: `Job.requeue_indices`)."""
-        free = self._nodes[name].free
-        return all(ref in free for ref in self._refs(name) if ref.index in indices)
+        """Whether no GPU of node `name` with one of `indices` is held by a job that stays (`settle`): a
+        requeued job tied to those indices can start there (`Job.requeue_indices`)."""
+        settled = self._settled
+        return not any(ref in settled for ref in self._refs(name) if ref.index in indices)
 
     def _refs(self, name: str) -> tuple[GpuRef, ...]:
         refs = self._node_refs.get(name)
@@ -486,6 +494,7 @@ def realize(
         if not ok:
             pending.append(job)
             continue
+        pool.settle(target)
         kept[job.job_id] = target
         if target != had:
             out.set(job.job_id, target, reason or "shrink")
@@ -497,6 +506,7 @@ def realize(
             kept[job.job_id] = target
             out.set(job.job_id, target, "revert")
         elif job.state is JobState.RUNNING and placed_ok(view, job) and pool.book(job.placement):  # type: ignore[arg-type]
+            pool.settle(job.placement)  # type: ignore[arg-type]
             kept[job.job_id] = job.placement  # type: ignore[assignment]
         else:
             pending.append(job)
@@ -523,6 +533,7 @@ def realize(
             out.set(job.job_id, found, reason or ("grow" if old is not None else "start"))
         elif old is not None:
             pool.book(old)
+            pool.settle(old)
             out.placements.pop(job.job_id, None)
         elif job.state is JobState.RUNNING:
             out.set(job.job_id, None, reason or "no room")

@@ -68,6 +68,7 @@ def place(view: ClusterView, j: Job, k: int) -> Placement | None:
     for other in view.running:
         assert other.placement is not None
         assert pool.book(other.placement)
+        pool.settle(other.placement)  # they stay
     return pool.find(j, k)
 
 
@@ -126,6 +127,20 @@ def test_a_requeued_job_avoids_nodes_where_its_old_gpu_indices_are_taken() -> No
     assert spread is not None and len(spread.gpus) == 5
     # A running job is not tied (moves are left free: see Job.requeue_indices).
     assert running("r", gp("n1", 2, 3)).requeue_indices == frozenset()
+
+
+def test_only_gpus_of_jobs_that_stay_tie_a_requeued_job() -> None:
+    """A job starting in the same plan on GPU 0 does not tie b (last on GPU 0): the actor resumes b
+    first (its waves). A running job staying on GPU 0 does: with strict ties b gets nothing there."""
+    one = Topology.uniform(1, 2)
+    b = job("b", state=JobState.SUSPENDED, last_gpus=gp("n1", 0).gpus, times_scheduled=1)
+    pool = GpuPool(one, strict_ties=True)
+    assert pool.book(gp("n1", 0))  # a start in this plan
+    assert pool.find(b, 1) == gp("n1", 1)
+    pool.settle(gp("n1", 0))  # a running job that stays
+    assert pool.find(b, 1) is None
+    pool.release(gp("n1", 0))
+    assert pool.find(b, 1) == gp("n1", 0)
 
 
 def test_gandiva_leaves_a_job_slurm_would_hold_waiting_and_gives_its_turn_to_the_next() -> None:
