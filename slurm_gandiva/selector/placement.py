@@ -280,12 +280,13 @@ class GpuPool:
         if tied is None:
             tied = job.requeue_indices
         if tied:
-            found = self._find(job, gpus, tied)
+            found = self._find(job, gpus, tied, tied)
             if found is not None or self.strict_ties:
                 return found
-        return self._find(job, gpus, frozenset())
+        return self._find(job, gpus, frozenset(), tied)
 
-    def _find(self, job: Job, gpus: int, tied: frozenset[int]) -> Placement | None:
+    def _find(self, job: Job, gpus: int, tied: frozenset[int], prefer: frozenset[int]) -> Placement | None:
+        """`find` on nodes clear for `tied`; on a node, GPUs with the `prefer` indices first."""
         if gpus <= 0 or gpus > self.free_count:
             return None
         max_nodes = job.spec.max_nodes
@@ -303,7 +304,7 @@ class GpuPool:
                     for name in self._nodes_with(key, gpus):
                         if tied and not self._clear_for(name, tied):
                             continue
-                        refs, loc = _pick_on_node(self._nodes[name], gpus)
+                        refs, loc = _pick_on_node(self._nodes[name], gpus, prefer)
                         score = self.factor(job, gpus, loc) - TIER_COST * tier_no
                         if best is None or score > best[0]:
                             best = (score, refs)
@@ -316,7 +317,7 @@ class GpuPool:
                 return Placement(tuple(best[1]))
         if max_nodes == 1:
             return None
-        found = self._find_across(gpus, tied)
+        found = self._find_across(gpus, tied, prefer)
         if found is not None and max_nodes is not None and len(found.nodes) > max_nodes:
             return None  # the fewest nodes that hold `gpus` free GPUs are still too many
         return found
@@ -333,7 +334,9 @@ class GpuPool:
             refs = self._node_refs[name] = tuple(g.ref for g in self.topology.node(name).gpus)
         return refs
 
-    def _find_across(self, gpus: int, tied: frozenset[int] = frozenset()) -> Placement | None:
+    def _find_across(
+        self, gpus: int, tied: frozenset[int] = frozenset(), prefer: frozenset[int] = frozenset()
+    ) -> Placement | None:
         """Span as few nodes as possible: whole free nodes first, then the best-fitting remainder
         (largest first, so no placement of `gpus` free GPUs uses fewer nodes); only nodes clear of
         booked GPUs with the job's `tied` indices."""
@@ -351,7 +354,7 @@ class GpuPool:
             fit = next((f for f in sizes if f >= need and any(n not in used for n in by_free[f])), None)
             if fit is not None:
                 name = next(n for n in by_free[fit] if n not in used)
-                refs, _ = _pick_on_node(self._nodes[name], need)
+                refs, _ = _pick_on_node(self._nodes[name], need, prefer)
                 chosen.extend(refs)
                 return Placement(tuple(chosen))
             big = next((f for f in reversed(sizes) if any(n not in used for n in by_free[f])), None)
@@ -364,8 +367,10 @@ class GpuPool:
         return Placement(tuple(chosen))
 
 
-def _pick_on_node(st: _NodeState, k: int) -> tuple[list[GpuRef], Locality]:
-    """k free GPUs of one node with the best locality; best fit so whole switches stay free."""
+def _pick_on_node(st: _NodeState, k: int, prefer: frozenset[int] = frozenset()) -> tuple[list[GpuRef], Locality]:
+    """k free GPUs of one node with the best locality; best fit so whole switches stay free; among
+    equally good GPUs those with the `prefer` indices (a requeued job's own: Slurm keeps them, so a job
+    that keeps its indices ties no other GPU, and who gets which GPU does not hang on placement order)."""
     by_switch: dict[int, list[GpuRef]] = {}
     by_socket: dict[int, list[int]] = {}
     for ref, info in st.free.items():
@@ -373,15 +378,22 @@ def _pick_on_node(st: _NodeState, k: int) -> tuple[list[GpuRef], Locality]:
         if not lst:
             by_socket.setdefault(info.socket, []).append(info.switch)
         lst.append(ref)
+
+    def own(s: int) -> int:
+        return -sum(1 for r in by_switch[s] if r.index in prefer) if prefer else 0
+
+    def ranked(refs: list[GpuRef]) -> list[GpuRef]:
+        return sorted(refs, key=lambda r: (r.index not in prefer, r)) if prefer else sorted(refs)
+
     fits = [s for s, refs in by_switch.items() if len(refs) >= k]
     if fits:
-        sw = min(fits, key=lambda s: (len(by_switch[s]), s))
-        return sorted(by_switch[sw])[:k], Locality.SWITCH
+        sw = min(fits, key=lambda s: (len(by_switch[s]), own(s), s))
+        return ranked(by_switch[sw])[:k], Locality.SWITCH
 
     def take(switches: Iterable[int]) -> list[GpuRef]:
         out: list[GpuRef] = []
-        for s in sorted(switches, key=lambda s: (-len(by_switch[s]), s)):
-            out.extend(sorted(by_switch[s])[: k - len(out)])
+        for s in sorted(switches, key=lambda s: (-len(by_switch[s]), own(s), s)):
+            out.extend(ranked(by_switch[s])[: k - len(out)])
             if len(out) >= k:
                 break
         return out

@@ -143,6 +143,23 @@ def test_only_gpus_of_jobs_that_stay_tie_a_requeued_job() -> None:
     assert pool.find(b, 1) == gp("n1", 0)
 
 
+def test_a_requeued_job_gets_its_own_gpu_index_back_whoever_is_placed_first() -> None:
+    """n1:0 and n1:2 are free (one on each switch); f last ran on GPU 0 and s on GPU 2 of another node.
+    Each gets its own index back, in either placement order (it then ties no other GPU in Slurm)."""
+    f = job("f", state=JobState.SUSPENDED, last_gpus=gp("n2", 0).gpus, times_scheduled=1)
+    s = job("s", state=JobState.SUSPENDED, last_gpus=gp("n2", 2).gpus, times_scheduled=1)
+    for first, second in ((f, s), (s, f)):
+        pool = GpuPool(TWO_BY_FOUR)
+        for taken in (gp("n1", 1, 3), gp("n2", 0, 1, 2, 3)):
+            assert pool.book(taken)
+        got = {}
+        for j in (first, second):
+            p = pool.find(j, 1)
+            assert p is not None and pool.book(p)
+            got[j.job_id] = p
+        assert got == {"f": gp("n1", 0), "s": gp("n1", 2)}
+
+
 def test_gandiva_leaves_a_job_slurm_would_hold_waiting_and_gives_its_turn_to_the_next() -> None:
     """b (least service) last ran on GPU 1; c and d hold GPU 1 of both nodes. Slurm would keep b pending
     wherever it goes (the controller would wait on it, a whole round blocked), so Gandiva does not
