@@ -11,7 +11,8 @@ that same run (--no-calibrate: benchmarks/results/requeue.json instead):
 - start / resume / migrate / resize: from the decision's intent (controller store) to the wrapper's
   `fresh_start` / `resumed` event (Slurm start, process and torch start-up, checkpoint load);
 - suspend: from the suspend's intent to its outcome (the GPUs are free);
-- finish: from the wrapper's `training_done` to Slurm's end time;
+- finish: from the wrapper's `training_done` to its `exit` (Slurm's end time is whole seconds: up to a
+  second early, and a second decides at which tick the controller sees the GPUs free);
 - launch: from a start / resume decision to Slurm running the job (the controller's slice opens then);
 - each job's registration lag (the controller sees a submission at its next tick): the job's arrival in
   the simulator is its submission plus that lag, and its JCT is still counted from the submission.
@@ -20,7 +21,8 @@ Two simulations are printed side by side with the real run:
 
 1. each start-up costing what that very start-up cost in the real run (a job's n-th start / resume /
    move, event by event), and the controller busy with each decision as long as it was (a tick that
-   comes while a round still waits for Slurm is skipped, live and simulated): this checks the
+   comes while a round still waits for Slurm is skipped, live and simulated), and each job's exit
+   taking as long as it did: this checks the
    simulator's model of the controller (ticks, rotations,
    service accounting, placement, what the policy knows), and gives the verdict: PASS when every job's
    JCT is within the tolerance (15%);
@@ -95,6 +97,7 @@ class Measured:
     submit: dict[str, float]  # each job's submission time as the controller saw it (Slurm's)
     events: dict[str, list[float]]  # each job's start / resume / move costs, in order
     acts: dict[str, list[float]]  # how long the actor was busy with each of the job's decisions, in order
+    exits: dict[str, float]  # each job's last sample -> its process exit
 
 
 def _median(xs: list[float], default: float) -> float:
@@ -116,6 +119,23 @@ def _solve(rows: list[list[float]], ys: list[float]) -> list[float]:
                 f = a[r][c] / a[c][c]
                 a[r] = [x - f * y for x, y in zip(a[r], a[c], strict=True)]
     return [a[i][n] / a[i][i] if abs(a[i][i]) >= 1e-12 else 0.0 for i in range(n)]
+
+
+def round_times(acted: list[tuple[float, float]], tick: float) -> list[float]:
+    """For each decision (intent, outcome), how long after its round's tick it was done: the controller's
+    rounds start at multiples of the tick (unix time) and its next tick waits for the whole round.
+
+    A round is the decisions the actor carried out without a pause (one intent before the last outcome
+    so far: waves); it began at the tick before its first intent (observing and deciding come first)."""
+    out = [0.0] * len(acted)
+    start = end = -math.inf
+    for i in sorted(range(len(acted)), key=lambda i: acted[i][0]):
+        intent, outcome = acted[i]
+        if intent > end:
+            start = math.floor(intent / tick) * tick if tick > 0 else intent
+        end = max(end, outcome) if intent <= end else outcome
+        out[i] = outcome - start
+    return out
 
 
 def fit_costs(samples: list[tuple[str, int, int, float]]) -> tuple[dict[str, float], float, float]:
@@ -160,8 +180,9 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     launches: list[float] = []
     by_job: dict[str, list[float]] = {}  # each job's start-up costs, in order
     acts: dict[str, list[float]] = {}
+    acted: list[tuple[str, float, float]] = []  # (job, intent, outcome) of every decision carried out
     suspends: list[float] = []
-    finish: list[float] = []
+    exits: dict[str, float] = {}
     lag: dict[str, float] = {}
     submit: dict[str, float] = {}
     store = Store(f"sqlite:///{db}")
@@ -174,13 +195,14 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
             events = read_events(jobs_dir / j.job_id / "events.jsonl")
             trained = sorted(float(e["time"]) for e in events if e.get("event") in ("fresh_start", "resumed"))
             done = [float(e["time"]) for e in events if e.get("event") == "training_done"]
-            if done and j.ended is not None:
-                finish.append(max(0.0, j.ended - done[-1]))
+            gone = [float(e["time"]) for e in events if e.get("event") == "exit" and e.get("outcome") == "done"]
+            if done and gone:
+                exits[j.job_id] = max(0.0, gone[-1] - done[-1])
             for d in store.decisions(job_ids=[j.job_id]):
                 if d.outcome is not Outcome.SUCCEEDED:
                     continue
                 if d.outcome_at is not None:
-                    acts.setdefault(j.job_id, []).append(d.outcome_at - d.intent_at)
+                    acted.append((j.job_id, d.intent_at, d.outcome_at))
                 if d.action is Action.SUSPEND:
                     if d.outcome_at is not None:
                         suspends.append(d.outcome_at - d.intent_at)
@@ -194,6 +216,8 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     finally:
         store.close()
     samples = [(a, g, sum(1 for _, t2, _, _ in starts if abs(t2 - t) < ROUND_S) - 1, c) for a, t, g, c in starts]
+    for jid, took in zip((a[0] for a in acted), round_times([(i, o) for _, i, o in acted], real.tick), strict=True):
+        acts.setdefault(jid, []).append(took)
     base, per_gpu, crowd = fit_costs(samples)
     start = base.get(Action.START.value, fallback.start)
     resume = base.get(Action.RESUME.value, max(start, fallback.resume))
@@ -205,7 +229,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
         suspend=suspend,
         migrate=base.get(Action.MIGRATE.value, suspend + resume),
         resize=base.get(Action.RESIZE.value, suspend + resume),
-        finish=_median(finish, 0.0),
+        finish=_median(list(exits.values()), 0.0),
         crowd=crowd,
         per_gpu=per_gpu,
         launch=_median(launches, 0.0),
@@ -213,8 +237,8 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     )
     counts = {a: sum(1 for x, *_ in samples if x == a) for a in base}
     counts["suspend"] = len(suspends)
-    counts["finish"] = len(finish)
-    return Measured(over, lag, counts, submit, by_job, acts)
+    counts["finish"] = len(exits)
+    return Measured(over, lag, counts, submit, by_job, acts, exits)
 
 
 class WorkloadSimulator(Simulator):
@@ -228,6 +252,7 @@ class WorkloadSimulator(Simulator):
         arrive: dict[str, float] | None = None,
         replay: dict[str, list[float]] | None = None,
         acts: dict[str, list[float]] | None = None,
+        exits: dict[str, float] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
@@ -235,6 +260,7 @@ class WorkloadSimulator(Simulator):
         self.arrive = arrive or {}
         self.replay = replay
         self.acts = acts
+        self.exits = exits or {}
         self._seen: dict[tuple[str, str], int] = {}
 
     def _measured(self, kind: str, table: dict[str, list[float]] | None, job_id: str) -> float | None:
@@ -264,6 +290,7 @@ class WorkloadSimulator(Simulator):
             # The controller knows no scaling table for the demo model: only what it measures.
             r.job = replace(r.job, spec=spec, rates=RateTable())
             r.arrive = max(spec.submit_time, self.arrive.get(spec.job_id, spec.submit_time))
+            r.exit_cost = self.exits.get(spec.job_id, r.exit_cost)
         return recs
 
 
@@ -287,6 +314,7 @@ def simulate(
     policy_submit: dict[str, float] | None = None,
     replay: dict[str, list[float]] | None = None,
     acts: dict[str, list[float]] | None = None,
+    exits: dict[str, float] | None = None,
 ) -> tuple[SimResult, dict[str, float | None]]:
     """The real run's jobs in the simulator (2 nodes x 4 GPUs, the same policy, quantum and tick).
 
@@ -294,7 +322,7 @@ def simulate(
     sees the submission time the controller saw (`policy_submit`: Slurm's, in whole seconds, so jobs
     submitted in the same second tie as they did live). Returns the result and each job's simulated JCT
     counted from its real submission. With `replay`, each job's start-ups cost what they did in the real
-    run, event by event (`WorkloadSimulator.startup`)."""
+    run, event by event (`WorkloadSimulator.startup`), and with `exits` each job's exit too."""
     profile = speed_profile(real)
     lag = lag or {}
     seen = policy_submit or {}
@@ -309,8 +337,22 @@ def simulate(
         jobs.append(TraceJob(j.job_id, at, j.total_samples / rate, j.min_gpus, MODEL, "gandiva-demo", j.max_gpus))
     jobs.sort(key=lambda tj: (tj.submit_time, int(tj.job_id)))
     # Fake GPUs: where a job's GPUs sit changes nothing (no locality penalty), as in the real run.
+    # The controller's rounds fall on multiples of its tick (unix time), and it registers a job in a round.
+    tick = real.tick
+    origin = math.ceil(t0 / tick) * tick - t0 if tick > 0 else None
+
+    def registered(at: float) -> float:
+        return at if origin is None else origin + math.floor((at - origin) / tick + 1e-9) * tick
+
     config = SimConfig(
-        nodes=2, gpus_per_node=4, overheads=overheads, seed=0, tick=real.tick, learn_rates=True, locality_penalty=0.0
+        nodes=2,
+        gpus_per_node=4,
+        overheads=overheads,
+        seed=0,
+        tick=tick if tick > 0 else None,
+        tick_origin=origin,
+        learn_rates=True,
+        locality_penalty=0.0,
     )
     sim = WorkloadSimulator(
         Trace("demo", tuple(jobs)),
@@ -318,9 +360,10 @@ def simulate(
         config,
         profiles={MODEL: profile},
         ranges={j.job_id: (j.min_gpus, j.max_gpus) for j in real.jobs},
-        arrive={j.job_id: j.submitted - t0 + lag.get(j.job_id, 0.0) for j in real.jobs},
+        arrive={j.job_id: registered(j.submitted - t0 + lag.get(j.job_id, 0.0)) for j in real.jobs},
         replay=replay,
         acts=acts,
+        exits=exits,
     )
     res = sim.run()
     submitted = {j.job_id: j.submitted - t0 for j in real.jobs}
@@ -454,9 +497,10 @@ def main(argv: list[str] | None = None) -> int:
     submit: dict[str, float] = {}
     events: dict[str, list[float]] | None = None
     acts: dict[str, list[float]] | None = None
+    exits: dict[str, float] | None = None
     if args.calibrate:
         m = measure(path.parent, real, overheads)
-        overheads, lag, submit, events, acts = m.overheads, m.lag, m.submit, m.events, m.acts
+        overheads, lag, submit, events, acts, exits = m.overheads, m.lag, m.submit, m.events, m.acts, m.exits
         print("measured in the real run (decisions): " + ", ".join(f"{k} {n}" for k, n in sorted(m.counts.items())))
         if lag:
             print(f"registration lag: median {statistics.median(lag.values()):.1f} s over {len(lag)} jobs")
@@ -465,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     r_sus = sum(sum(1 for *_, why in j.slice_log if why == "quantum") for j in real.jobs)
     ok = True
     if events is not None:
-        sim, sim_jct = simulate(real, overheads, lag, submit, replay=events, acts=acts)
+        sim, sim_jct = simulate(real, overheads, lag, submit, replay=events, acts=acts, exits=exits)
         print(
             f"\n1. Each start-up costing what it cost in the real run, event by event (suspends: real {r_sus}, "
             f"simulated {sum(j.suspends for j in sim.jobs)}):"

@@ -14,6 +14,7 @@ share one lock, so one plan is carried out at a time. Any exception in a job is 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -396,10 +397,10 @@ class Controller:
                 proto.signal_name = cfg.signal
                 proto.suspend_timeout = cfg.suspend_timeout
             self.reconciler = self._make_reconciler()
-        if self._scheduler is not None:
-            for job_id, attr in (("tick", "tick"), ("rotate", "quantum"), ("introspect", "introspect")):
-                if getattr(old, attr) != getattr(cfg, attr):
-                    self._scheduler.reschedule_job(job_id, trigger="interval", seconds=getattr(cfg, attr))
+        if self._scheduler is not None and (old.tick, old.quantum, old.introspect) != (
+            cfg.tick, cfg.quantum, cfg.introspect
+        ):
+            self._schedule(self._scheduler, cfg)
         log.info("config reloaded from %s (policy %s)", self.config_path, cfg.policy)
         self.store.record_event("config-reload", None, f"policy {cfg.policy}, quantum {cfg.quantum:g}", self.clock())
         return True
@@ -417,6 +418,24 @@ class Controller:
 
         return run
 
+    def _schedule(self, sched: Any, cfg: ControllerConfig) -> None:
+        """(Re)schedule the jobs. Rounds fall on multiples of the tick in wall time (a fixed grid, as the
+        simulator's ticks and Gandiva's rotations on multiples of the quantum): whether a job's end is
+        seen at one tick or the next then does not hang on when the service started. A separate
+        rotation job runs only when the ticks do not fall on every multiple of the quantum."""
+        sched.add_job(self._guarded("tick", self.tick), _grid_trigger(cfg.tick), id="tick", replace_existing=True)
+        if _multiple(cfg.quantum, cfg.tick):
+            if sched.get_job("rotate") is not None:
+                sched.remove_job("rotate")
+        else:
+            sched.add_job(
+                self._guarded("rotate", self.rotate), _grid_trigger(cfg.quantum), id="rotate", replace_existing=True
+            )
+        sched.add_job(
+            self._guarded("introspect", self.introspect), "interval", seconds=cfg.introspect, id="introspect",
+            replace_existing=True,
+        )
+
     def run_forever(self, *, metrics: bool = True) -> int:
         """Reconcile, then run the scheduler jobs until stop() (or SIGTERM); returns the exit code 0."""
         from apscheduler.schedulers.background import BackgroundScheduler
@@ -426,11 +445,7 @@ class Controller:
         self.reconcile()
         sched = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
         cfg = self.config
-        sched.add_job(self._guarded("tick", self.tick), "interval", seconds=cfg.tick, id="tick",
-                      next_run_time=_now_dt())
-        sched.add_job(self._guarded("rotate", self.rotate), "interval", seconds=cfg.quantum, id="rotate")
-        sched.add_job(self._guarded("introspect", self.introspect), "interval", seconds=cfg.introspect,
-                      id="introspect")
+        self._schedule(sched, cfg)
         self._scheduler = sched
         sched.start()
         log.info(
@@ -505,7 +520,19 @@ def _make_metrics() -> Any:
     return Metrics()
 
 
-def _now_dt() -> Any:
+def _grid_trigger(seconds: float, now: float | None = None) -> Any:
+    """An interval trigger that fires at the multiples of `seconds` in unix time."""
     import datetime
 
-    return datetime.datetime.now(datetime.timezone.utc)
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    now = time.time() if now is None else now
+    first = math.ceil(now / seconds) * seconds
+    start = datetime.datetime.fromtimestamp(first, datetime.timezone.utc)
+    return IntervalTrigger(seconds=seconds, start_date=start, timezone=datetime.timezone.utc)
+
+
+def _multiple(of: float, step: float) -> bool:
+    """Whether `of` is a whole multiple of `step` (every multiple of `of` is one of `step`)."""
+    n = round(of / step)
+    return n >= 1 and abs(n * step - of) < 1e-6

@@ -147,6 +147,7 @@ class SimConfig:
     feedback_batches: int = 100
     max_time: float | None = None  # stop the simulation here (jobs left unfinished are reported)
     tick: float | None = None  # decide only every `tick` s while jobs are active, like the controller
+    tick_origin: float | None = None  # ticks fall on tick_origin + k * tick (None: the first arrival)
     # Policies see only the rates each job was measured at, as the controller does (the jobs' tables
     # start empty: subclasses' make_jobs set them), instead of every job's true rate table.
     learn_rates: bool = False
@@ -234,6 +235,7 @@ class _Rec:
         "counted_from",
         "dead_until",
         "done_at",
+        "exit_cost",
         "finish",
         "first100",
         "job",
@@ -263,6 +265,7 @@ class _Rec:
         self.began = 0.0  # when the current slice was decided
         self.counted_from = 0.0  # when its service counts from (the controller: once Slurm runs it)
         self.done_at: float | None = None  # when the last sample was done (the process still exits)
+        self.exit_cost = 0.0  # seconds from its last sample to its GPUs being free (`Overheads.finish`)
         self.steps = 0.0
         self.progress = 0.0  # samples done (the Job snapshot is synced at each decision)
         self.service = 0.0
@@ -278,8 +281,9 @@ class _Rec:
     def expiry(self, quantum: float) -> float:
         return self.training_start() + quantum
 
-    def completion_time(self, now: float, finish: float = 0.0) -> float:
-        """When the job ends at its current speed: its last sample, plus `finish` s of process exit."""
+    def completion_time(self, now: float) -> float:
+        """When the job ends at its current speed: its last sample, plus `exit_cost` s of process exit."""
+        finish = self.exit_cost
         if self.rate <= 0:
             return math.inf
         left = max(0.0, self.total - self.progress)
@@ -358,7 +362,9 @@ class Simulator:
                 model=model,
             )
             job = Job(spec, rates=self._table(model, max(lo, hi, asked)))
-            out.append(_Rec(job, speed, total, asked))
+            rec = _Rec(job, speed, total, asked)
+            rec.exit_cost = self.config.overheads.finish
+            out.append(rec)
         return out
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -370,7 +376,6 @@ class Simulator:
         grid: float | None = getattr(self.policy, "rotation_grid", None)
         learn = self.config.learn_rates
         tick = self.config.tick
-        finish_cost = self.config.overheads.finish
         wake_hook: Callable[[ClusterView, float], float | None] | None = getattr(self.policy, "next_decision", None)
         wake: float | None = None
         feedback = self.config.feedback_batches
@@ -381,7 +386,7 @@ class Simulator:
         busy_until: dict[_Key, float] = {}
         samples: list[Sample] = []
         t = recs[0].arrive if recs else 0.0
-        grid0 = t  # the controller's ticks fall on grid0 + k * tick
+        grid0 = t if self.config.tick_origin is None else self.config.tick_origin  # ticks: grid0 + k * tick
         nxt = 0  # next arrival
         done = 0
         decisions = actions = 0
@@ -393,7 +398,7 @@ class Simulator:
         while done < n:
             # --- next event time
             t_arr = recs[nxt].arrive if nxt < n else math.inf
-            t_done = min((r.completion_time(t, finish_cost) for r in running.values()), default=math.inf)
+            t_done = min((r.completion_time(t) for r in running.values()), default=math.inf)
             waiting = len(active) - len(running)
             if wake_hook is not None:
                 ticking = wake is not None
@@ -424,7 +429,7 @@ class Simulator:
             t = t_next
             # --- completions
             finished = [
-                r for r in running.values() if r.completion_time(t, finish_cost) <= t + _EPS * max(1.0, t)
+                r for r in running.values() if r.completion_time(t) <= t + _EPS * max(1.0, t)
             ]
             if finished:
                 touched: set[_Key] = set()

@@ -233,3 +233,19 @@ def test_metrics_endpoint_serves_prometheus_text(tmp_path: Path) -> None:
         assert "gandiva_queue_length" in body and 'gandiva_jobs{state="running"} 1.0' in body
     finally:
         ctl._metrics_server.stop()
+
+
+def test_rounds_fall_on_multiples_of_the_tick_in_wall_time() -> None:
+    """The simulator decides on the same grid, and Gandiva's rotations (multiples of the quantum) are ticks."""
+    import datetime
+
+    from slurm_gandiva.controller.service import _grid_trigger, _multiple
+
+    utc = datetime.timezone.utc
+    now = 1_795_400_001.7
+    trig = _grid_trigger(3.0, now)
+    first = trig.get_next_fire_time(None, datetime.datetime.fromtimestamp(now, utc))
+    assert first.timestamp() == 1_795_400_004.0  # the next multiple of 3 s
+    later = trig.get_next_fire_time(first, datetime.datetime.fromtimestamp(now + 4.0, utc))
+    assert later.timestamp() == 1_795_400_007.0  # on the grid (a late round is coalesced onto it)
+    assert _multiple(30.0, 3.0) and _multiple(15.0, 5.0) and not _multiple(20.0, 3.0) and not _multiple(2.0, 5.0)

@@ -55,7 +55,7 @@ def test_speed_profile_interpolates_measured_rates(bench: ModuleType) -> None:
 
 def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: ModuleType, tmp_path: Path) -> None:
     """start: intent -> fresh_start; resume: intent -> resumed; suspend: intent -> outcome; finish: training
-    done -> Slurm's end; lag: submission -> registration."""
+    done -> the wrapper's exit (Slurm's end is whole seconds); lag: submission -> registration."""
     from slurm_gandiva.model import GpuRef, JobSpec, Placement
     from slurm_gandiva.plan import Action
     from slurm_gandiva.sim.engine import Overheads
@@ -65,13 +65,14 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     (tmp_path / "controller").mkdir()
     store = Store(f"sqlite:///{tmp_path / 'controller' / 'gandiva.db'}")
     one = Placement((GpuRef("n1", 0),))
-    times = {"1": [("fresh_start", 7.0), ("training_done", 15.5)],
-             "2": [("fresh_start", 8.0), ("resumed", 26.0), ("training_done", 29.0)]}
+    times = {"1": [("fresh_start", 7.0), ("training_done", 15.5), ("exit", 16.3)],
+             "2": [("fresh_start", 8.0), ("resumed", 26.0), ("training_done", 29.0), ("exit", 30.2)]}
     for j in real.jobs[:2]:
         store.upsert_job(JobSpec(j.job_id, "u", j.min_gpus, j.max_gpus, j.submitted), at=j.submitted + 1.5)
         log = tmp_path / "cluster" / "jobs" / j.job_id / "events.jsonl"
         log.parent.mkdir(parents=True)
-        log.write_text("".join(json.dumps({"event": ev, "time": at}) + "\n" for ev, at in times[j.job_id]))
+        log.write_text("".join(json.dumps({"event": ev, "time": at, "outcome": "done"}) + "\n"
+                               for ev, at in times[j.job_id]))
     for jid, action, at, done in (("1", Action.START, 2.0, 3.0), ("2", Action.START, 2.0, 3.0),
                                   ("2", Action.SUSPEND, 10.0, 10.5), ("2", Action.RESUME, 20.0, 21.0)):
         did = store.record_intent(jid, action, None if action is Action.SUSPEND else one, "", at)
@@ -80,11 +81,13 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     m = bench.measure(tmp_path, real, Overheads())
     assert m.overheads.start == pytest.approx(5.5)  # median of 5 and 6
     assert m.overheads.resume == pytest.approx(6.0) and m.overheads.suspend == pytest.approx(0.5)
-    assert m.overheads.finish == pytest.approx(0.75)  # median of 0.5 and 1.0
+    assert m.exits == pytest.approx({"1": 0.8, "2": 1.2})  # each job's exit, for the replay
+    assert m.overheads.finish == pytest.approx(1.0)  # their median
     assert m.lag == pytest.approx({"1": 1.5, "2": 1.5})
     assert m.overheads.launch == pytest.approx(1.0)  # start / resume decision -> Slurm runs it
     assert m.events == {"1": [5.0], "2": [6.0, 6.0]}  # each job's start-ups, in order, for the replay
-    assert m.acts == {"1": [1.0], "2": [1.0, 0.5, 1.0]}  # how long the actor was busy with each decision
+    # How long after its round's tick (multiples of 3 s) each decision was done: the next tick waits.
+    assert m.acts["1"] == pytest.approx([3.0]) and m.acts["2"] == pytest.approx([3.0, 1.5, 3.0])
     assert m.submit == {j.job_id: j.submitted for j in real.jobs[:2]}  # what the controller's policy saw
 
 
@@ -111,10 +114,19 @@ def test_simulation_runs_the_same_jobs(bench: ModuleType) -> None:
     assert (by["2"].min_gpus, by["2"].max_gpus, by["3"].min_gpus, by["3"].max_gpus) == (2, 2, 1, 4)
     assert by["1"].jct == pytest.approx(10.0)  # FIFO, free GPUs, no overheads: pure work
     assert bench.compare(real, sim, jct, 0.15) is False  # real run 1 took 16 s: 10/16 is out of tolerance
-    # Registered 2 s late: started at the next tick (3 s; ticks every 3 s from job 2's arrival at 0), and
-    # its JCT still counts from its submission.
-    _, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0), {"1": 2.0}, {"1": 0.0})
+    # Registered 3.5 s after its submission, in the round of the tick at 3 s (ticks at multiples of 3 s):
+    # started then, and its JCT still counts from its submission.
+    _, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0), {"1": 3.5}, {"1": 0.0})
     assert jct["1"] == pytest.approx(13.0)
     # Replayed: job 1's first start-up costs what it cost live (4 s), whatever the model says (0 s).
     _, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0), replay={"1": [4.0]})
     assert jct["1"] == pytest.approx(14.0)
+    # ... and its exit too (1.5 s from its last sample to its GPUs being free).
+    _, jct = bench.simulate(real, Overheads(start=0.0, suspend=0.0, resume=0.0), exits={"1": 1.5})
+    assert jct["1"] == pytest.approx(11.5)
+
+
+def test_round_times_count_from_the_rounds_tick(bench: ModuleType) -> None:
+    """A round's decisions run in waves: each is done some time after the tick that began the round."""
+    acted = [(30.2, 30.8), (30.9, 32.5), (45.1, 45.4), (31.0, 31.6)]  # the 4th: in the first round's waves
+    assert bench.round_times(acted, 3.0) == pytest.approx([0.8, 2.5, 0.4, 1.6])
