@@ -31,7 +31,7 @@ from slurm_gandiva.selector.common import (
     slice_age,
     wait_since,
 )
-from slurm_gandiva.selector.placement import GpuPool, Targets, realize
+from slurm_gandiva.selector.placement import GpuPool, Targets, held_indices, realize
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ def _run_round(
             continue
         p = j.placement if j.state is JobState.RUNNING else None
         if p is None or p.count != j.spec.min_gpus or not pool.can_book(p):  # stay put when it can
-            p = pool.find(j, j.spec.min_gpus, _indices(p) if p is not None else None)
+            p = pool.find(j, j.spec.min_gpus, held_indices(p) if p is not None else None)
         if p is not None and pool.book(p):
             if p == j.placement:
                 pool.settle(p)
@@ -394,11 +394,6 @@ def _reservation(
         if best is None or score < best[0]:
             best = (score, _Reservation(head, tuple(free), tuple(yields), startable))
     return best[1] if best is not None and best[1].held else None
-
-
-def _indices(p: Placement) -> frozenset[int] | None:
-    """The GPU indices Slurm keeps for a running job on `p` once it is requeued (None: shards, untied)."""
-    return None if p.shared else frozenset(g.index for g in p.gpus)
 
 
 def _free_on(node: Node, holders: Sequence[tuple[Job, Placement]], stopping: Sequence[str]) -> list[GpuRef]:
@@ -515,7 +510,7 @@ def _migrate(
         cur = j.placement
         assert cur is not None
         pool.release(cur)
-        p = pool.find(j, cur.count, _indices(cur))  # moved, it is requeued: Slurm keeps its indices
+        p = pool.find(j, cur.count, held_indices(cur))  # moved, it is requeued: Slurm keeps its indices
         if p is not None and p != cur:
             new_loc = topo.locality(p.gpus)
             gain = pool.factor(j, cur.count, new_loc) / pool.factor(j, cur.count, loc)
@@ -575,7 +570,7 @@ def _grow(
         if k == j.gpus:
             continue
         pool.release(cur)
-        p = pool.find(j, k, _indices(cur))  # resized, it is requeued: Slurm keeps its indices
+        p = pool.find(j, k, held_indices(cur))  # resized, it is requeued: Slurm keeps its indices
         if p is not None:
             pool.book(p)
             targets.set(j.job_id, p, f"grow onto idle GPUs: {j.gpus} -> {k}")

@@ -367,6 +367,12 @@ class GpuPool:
         return Placement(tuple(chosen))
 
 
+def held_indices(p: Placement) -> frozenset[int] | None:
+    """The GPU indices Slurm keeps for a running job on `p` once it is requeued by a move or resize
+    (`Job.requeue_indices`); None for shards (untied)."""
+    return None if p.shared else frozenset(g.index for g in p.gpus)
+
+
 def _pick_on_node(st: _NodeState, k: int, prefer: frozenset[int] = frozenset()) -> tuple[list[GpuRef], Locality]:
     """k free GPUs of one node with the best locality; best fit so whole switches stay free; among
     equally good GPUs those with the `prefer` indices (a requeued job's own: Slurm keeps them, so a job
@@ -533,7 +539,7 @@ def realize(
         lowest = job.spec.min_gpus if elastic_fallback else want
         # A running job moved off its GPUs is requeued: it keeps their indices (`Job.requeue_indices`).
         moved = job.placement if old is None and job.state is JobState.RUNNING else None
-        tied = frozenset(g.index for g in moved.gpus) if moved is not None and not moved.shared else None
+        tied = held_indices(moved) if moved is not None else None
         for k in range(want, max(1, lowest) - 1, -1):
             if old is not None and k <= old.count:
                 break

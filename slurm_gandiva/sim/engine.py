@@ -3,17 +3,16 @@
 Time is the engine's own virtual clock (seconds from the trace start); nothing here reads a real clock.
 Events are arrivals, completions and, while jobs wait (or a trial runs), re-decisions every
 `policy.quantum` seconds (or, when the policy has `next_decision(view, now) -> float | None`, at the
-time that returns after each call: None = only on events). With `SimConfig.tick` set, the engine
-decides only on the controller's tick grid instead (every `tick` s from the first arrival, while any job
-is active): arrivals, completions and slice expiries between two ticks are acted on at the next one, as
-the controller sees them, and a tick that comes while the previous round is still acting (a start
-waiting for Slurm) is skipped, as the controller's is (slower; for comparing with a real run). A job
-may also arrive later than its
-submission (`_Rec.arrive`: when the controller registers it). At each decision the engine builds the same
-`ClusterView` the controller builds (measured rates = the model's true rate at the job's current
-placement), calls the very same policy object, checks the plan (no GPU booked twice, counts within
-range, up nodes only) and applies it with `plan.apply_decision`, the bookkeeping the controller uses,
-charging modelled overheads:
+time that returns after each call: None = only on events). With `SimConfig.tick` set, the engine decides
+only on the controller's tick grid instead (every `tick` s from `tick_origin`, by default the first
+arrival, while any job is active): arrivals, completions and slice expiries between two ticks are acted
+on at the next one, as the controller sees them, and a tick that comes while the previous round is still
+acting (a start waiting for Slurm) is skipped, as the controller's is (slower; for comparing with a real
+run). A job may also arrive later than its submission (`_Rec.arrive`: when the controller registers it).
+At each decision the engine builds the same `ClusterView` the controller builds (measured rates = the
+model's true rate at the job's current placement), calls the very same policy object, checks the plan
+(no GPU booked twice, counts within range, up nodes only) and applies it with `plan.apply_decision`, the
+bookkeeping the controller uses, charging modelled overheads:
 
 - A job that starts, resumes, migrates, resizes, packs or unpacks holds its new GPUs but makes no
   progress for the action's cost (`Overheads`). As in the controller, its slice is counted (min slice,
