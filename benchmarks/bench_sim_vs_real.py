@@ -180,6 +180,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     by_job: dict[str, list[float]] = {}  # each job's start-up costs, in order
     acts: dict[str, list[float]] = {}
     acted: list[tuple[str, float, float]] = []  # (job, intent, outcome) of every decision carried out
+    replayed: list[tuple[str, int | None, float]] = []  # (job, its decision in `acted`, training began)
     suspends: list[float] = []
     exits: dict[str, float] = {}
     lag: dict[str, float] = {}
@@ -211,12 +212,18 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
                 began = next((t for t in trained if t >= d.intent_at), None)
                 if began is not None and d.placement is not None:
                     starts.append((d.action.value, d.intent_at, d.placement.count, began - d.intent_at))
-                    by_job.setdefault(j.job_id, []).append(began - d.intent_at)
+                    # Replayed from the round's tick, where the simulator decides (a start in a later wave
+                    # of its round waits for the earlier ones).
+                    replayed.append((j.job_id, len(acted) - 1 if d.outcome_at is not None else None, began))
     finally:
         store.close()
     samples = [(a, g, sum(1 for _, t2, _, _ in starts if abs(t2 - t) < ROUND_S) - 1, c) for a, t, g, c in starts]
-    for jid, took in zip((a[0] for a in acted), round_times([(i, o) for _, i, o in acted], real.tick), strict=True):
-        acts.setdefault(jid, []).append(took)
+    took = round_times([(i, o) for _, i, o in acted], real.tick)
+    for (jid, _, _), t in zip(acted, took, strict=True):
+        acts.setdefault(jid, []).append(t)
+    for jid, k, began in replayed:
+        tick_at = acted[k][2] - took[k] if k is not None else began
+        by_job.setdefault(jid, []).append(began - tick_at)
     base, per_gpu, crowd = fit_costs(samples)
     start = base.get(Action.START.value, fallback.start)
     resume = base.get(Action.RESUME.value, max(start, fallback.resume))

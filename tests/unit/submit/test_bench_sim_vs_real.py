@@ -85,7 +85,9 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     assert m.overheads.finish == pytest.approx(1.0)  # their median
     assert m.lag == pytest.approx({"1": 1.5, "2": 1.5})
     assert m.overheads.launch == pytest.approx(1.0)  # start / resume decision -> Slurm runs it
-    assert m.events == {"1": [5.0], "2": [6.0, 6.0]}  # each job's start-ups, in order, for the replay
+    # Each job's start-ups, in order, for the replay: from its round's tick (multiples of 3 s), where the
+    # simulator decides (decisions at 2 s and 20 s: ticks 0 and 18).
+    assert m.events == {"1": [7.0], "2": [8.0, 8.0]}
     # How long after its round's tick (multiples of 3 s) each decision was done: the next tick waits.
     assert m.acts["1"] == pytest.approx([3.0]) and m.acts["2"] == pytest.approx([3.0, 1.5, 3.0])
     assert m.submit == {j.job_id: j.submitted for j in real.jobs[:2]}  # what the controller's policy saw
