@@ -266,8 +266,7 @@ def _run_round(
     if res is not None:
         # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
         # lower-priority jobs there once nothing younger than a min slice is left in its way.
-        for jid in res.yields:
-            counts[jid] = 0
+        _hand_on(order, counts, res, back)
         pool = GpuPool(view.topology, memo, strict_ties=strict_ties)
         hold = Placement(res.held)
         pool.book(hold)
@@ -394,6 +393,26 @@ def _reservation(
         if best is None or score < best[0]:
             best = (score, _Reservation(head, tuple(free), tuple(yields), startable))
     return best[1] if best is not None and best[1].held else None
+
+
+def _hand_on(order: Sequence[Job], counts: dict[str, int], res: _Reservation, back: Mapping[str, object]) -> None:
+    """Stop the jobs that yield to the reservation and hand the GPUs they were counted for to the next
+    jobs in priority order that got none. Without this the leftover loop (waiting jobs before running
+    ones) gave them to jobs of a lower service tier while a running job of a higher one was stopped;
+    and whether a job seconds from its end was pinned decided which (sim and live diverged on it)."""
+    freed = 0
+    for jid in res.yields:
+        freed += counts.get(jid, 0)
+        counts[jid] = 0
+    for j in order:
+        if freed <= 0:
+            break
+        jid = j.job_id
+        if jid == res.head.job_id or jid in res.yields or jid in back or counts.get(jid, 0):
+            continue
+        if j.spec.min_gpus <= freed:
+            counts[jid] = j.spec.min_gpus
+            freed -= j.spec.min_gpus
 
 
 def _free_on(node: Node, holders: Sequence[tuple[Job, Placement]], stopping: Sequence[str]) -> list[GpuRef]:

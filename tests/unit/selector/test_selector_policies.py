@@ -327,6 +327,42 @@ def test_a_waiting_four_gpu_job_gets_a_node_kept_for_it_instead_of_starving() ->
     assert [(a, j) for a, j, _ in steps(alone)] == [("start", "small")]
 
 
+def test_gpus_a_job_yields_to_a_big_one_go_on_in_priority_order() -> None:
+    """The README demo's rotation at 150 s: 2-GPU jobs b3 (n2) and b2 (n1) ran 46 s; three 1-GPU jobs
+    were suspended at 90 s after 60 s of service; a4 (n1:0) ends in about 7.5 s; the 4-GPU c1 waits. c1
+    gets n2 (b3 yields). The GPUs b3 was counted for go to the next job in LAS order, b2 (a lower service
+    tier than the 1-GPU jobs): it keeps running; the 1-GPU jobs' Slurm indices (2, 3) are b2's, so they
+    wait. Before, they went to the 1-GPU jobs (waiting jobs first) and b2 was suspended 14 s from its
+    end, but only when a4 counted as finishing: whether its end was 7.2 s or 7.8 s away flipped the
+    round (the simulator and the live run diverged on it)."""
+    pol = make_policy("gandiva", pack=False, quantum=30.0)
+    now = 150.0
+    rate = RateTable({(1, Locality.SWITCH): 100.0, (2, Locality.SWITCH): 150.0})
+
+    def waiting(jid: str, i: int, node: str, submit: float) -> Job:
+        return job(
+            jid, submit=submit, state=JobState.SUSPENDED, attained_service=60.0, last_run_end=90.5,
+            times_scheduled=1, last_gpus=gp(node, i).gpus, work=10000.0, progress=6000.0, rates=rate,
+        )
+
+    others = (
+        waiting("a3", 3, "n1", 27.0),
+        waiting("e3", 2, "n2", 29.0),
+        waiting("a5", 3, "n2", 29.5),
+        running("b3", gp("n2", 2, 3), since=104.3, attained_service=111.1, submit=31.0, rates=rate,
+                work=11000.0, progress=7000.0),
+        running("b2", gp("n1", 2, 3), since=104.3, attained_service=111.4, submit=34.0, rates=rate,
+                work=9300.0, progress=7200.0),
+        job("c1", 4, submit=36.0),
+    )
+    for left in (7.2, 7.8):  # a4 counts as finishing (grace 7.5 s) or not: the same round
+        a4 = running("a4", gp("n1", 0), since=112.0, attained_service=98.8, submit=28.0, rates=rate,
+                     work=10000.0, progress=10000.0 - 100.0 * left, last_run_end=90.5)
+        jobs = tuple(replace(j, spec=replace(j.spec, max_nodes=1)) for j in (a4, *others))  # as the wrapper
+        plan = pol.decide(ClusterView(TWO_BY_FOUR, jobs, now), now)
+        assert steps(plan) == [("suspend", "b3", "-"), ("start", "c1", "n2:0+1+2+3")], (left, steps(plan))
+
+
 def test_gpus_kept_for_a_big_job_are_never_taken_from_a_job_ahead_of_it() -> None:
     """Mid-round, a 2-GPU job (less service, submitted first) and a 4-GPU job wait; n2 has two free GPUs.
     The 2-GPU job starts there: the 4-GPU job behind it cannot keep them idle for itself (it could not
