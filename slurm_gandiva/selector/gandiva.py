@@ -303,9 +303,9 @@ def _run_round(
     if knobs.pack and waiting:
         _pack(order, waiting, final, targets, pool, back)
     if knobs.migrate:
-        _migrate(view, jobs, final, targets, pool, knobs, now, min_slice)
+        _migrate(view, jobs, final, targets, pool, knobs, now, min_slice, grace)
     if knobs.grow and not waiting and pool.free_count:
-        _grow(jobs, final, targets, pool, knobs, speeds, now, min_slice)
+        _grow(jobs, final, targets, pool, knobs, speeds, now, min_slice, grace)
     return targets.plan(view)
 
 
@@ -507,8 +507,10 @@ def _migrate(
     knobs: Introspection,
     now: float,
     min_slice: float,
+    grace: float = 0.0,
 ) -> None:
-    """Move settled multi-GPU jobs to clearly better locality, as MIGRATE trials."""
+    """Move settled multi-GPU jobs to clearly better locality, as MIGRATE trials (not a job expected to
+    finish within `grace` seconds: the move's restart would cost more than it saves)."""
     topo = view.topology
     limits = pool.memo.per_topology(topo, _locality_limits)
     cands = []
@@ -516,6 +518,8 @@ def _migrate(
         if not _unchanged(j, targets) or j.gpus < 2 or j.trial is not None or j.placement is None:
             continue
         if j.placement.shared or TrialKind.MIGRATE in j.failed_trials or slice_age(j, now) < min_slice:
+            continue
+        if finishing(j, grace):
             continue
         loc = topo.locality(j.placement.gpus)
         best = next((lvl for lvl, most in limits if j.gpus <= most), Locality.CROSS_NODE)
@@ -571,8 +575,10 @@ def _grow(
     speeds: Speeds,
     now: float,
     min_slice: float,
+    grace: float = 0.0,
 ) -> None:
-    """Elastic jobs take idle GPUs while one more GPU still speeds them up, as GROW trials."""
+    """Elastic jobs take idle GPUs while one more GPU still speeds them up, as GROW trials (not a job
+    expected to finish within `grace` seconds)."""
     for j in jobs:
         if not pool.free_count:
             return
@@ -581,7 +587,7 @@ def _grow(
         cur = j.placement
         assert cur is not None
         top = gpu_limit(j, pool.topology, pool.memo)
-        if cur.shared or j.gpus >= top or slice_age(j, now) < min_slice:
+        if cur.shared or j.gpus >= top or slice_age(j, now) < min_slice or finishing(j, grace):
             continue
         k = j.gpus
         while k < top and k - j.gpus < pool.free_count and speeds.gain(j, k) > 1 + knobs.min_gain:

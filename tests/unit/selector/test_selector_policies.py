@@ -471,6 +471,11 @@ def test_grow_trial_onto_idle_gpus_and_revert() -> None:
     assert plan.decisions[0].revert
     # A grow that pays is kept.
     assert not pol.decide(ClusterView(topo, (grown.evolve(measured_rate=30.0),), 300.0), 300.0)
+    # A job about to finish (10 s left; grace a quarter quantum, 15 s) is not restarted to grow.
+    fast = RateTable({(1, Locality.SWITCH): 10.0, (2, Locality.SWITCH): 20.0, (4, Locality.SWITCH): 40.0})
+    ending = a.evolve(rates=fast, progress=900.0)
+    assert not pol.decide(ClusterView(topo, (ending,), 100.0), 100.0)
+    assert steps(pol.decide(ClusterView(topo, (ending.evolve(progress=0.0),), 100.0), 100.0))[0][0] == "resize"
 
 
 def test_migrate_to_better_locality_and_revert() -> None:
@@ -483,6 +488,10 @@ def test_migrate_to_better_locality_and_revert() -> None:
     moved = plan.apply(view).job("a").evolve(measured_rate=40.0)  # slower after the move
     plan = pol.decide(ClusterView(TWO_BY_FOUR, (moved,), 300.0), 300.0)
     assert steps(plan) == [("migrate", "a", "n1:0,n2:0")] and plan.decisions[0].revert
+    # A job about to finish (10 s left, grace 15 s) is not moved: the restart costs more than it saves.
+    ending = a.evolve(rates=RateTable({(2, Locality.CROSS_NODE): 50.0}), progress=500.0)
+    assert not pol.decide(ClusterView(TWO_BY_FOUR, (ending,), 100.0), 100.0)
+    assert steps(pol.decide(ClusterView(TWO_BY_FOUR, (ending.evolve(progress=0.0),), 100.0), 100.0))[0][0] == "migrate"
 
 
 # -- AFS ------------------------------------------------------------------------------------------
