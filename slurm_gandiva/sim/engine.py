@@ -621,7 +621,7 @@ class Simulator:
                     ready = max(ready, busy_until.get(k, 0.0))
             r.dead_until = ready + self.startup(d, new.count, crowd)
             r.began = t
-            r.counted_from = t + cost.launch
+            r.counted_from = t + self.launch_seconds(d)
             running[d.job_id] = r
             moved.append(r)
             if a is Action.MIGRATE:
@@ -638,6 +638,11 @@ class Simulator:
         job (`launch`). A subclass may replay measured times."""
         o = self.config.overheads
         return o.suspend if d.action is Action.SUSPEND else o.launch
+
+    def launch_seconds(self, d: Decision) -> float:
+        """Seconds from decision `d` (not a suspend) to Slurm running the job, when the controller opens
+        its slice and service starts to count (`launch`). A subclass may replay measured times."""
+        return self.config.overheads.launch
 
     def startup(self, d: Decision, gpus: int, crowd: float) -> float:
         """Seconds without progress after decision `d` (a start, resume or move onto `gpus` GPUs), `crowd`
