@@ -37,6 +37,7 @@ DEMO_USER = "gandiva-demo"
 DEFAULT_STATE_DIR = "/tmp/gandiva-demo"
 DEFAULT_PORT_BASE = 26000
 RESULTS_FILE = "demo-results.json"
+ROUND_LOG = "rounds.jsonl"  # in the controller's state dir: what the policy saw and decided, each round
 HASH_PREFIX = "final_params_sha256="
 
 
@@ -114,6 +115,7 @@ def controller_config(
         f"tick = {tick:g}",
         f"policy = {policy}",
         "metrics_port = 0",
+        f"round_log = {state_dir / ROUND_LOG}",
     ]
     lines += [f"policy.{k} = {v}" for k, v in (params or {}).items()]
     return "\n".join([*lines, ""])

@@ -43,6 +43,7 @@ class ControllerConfig:
     slurm_conf: Path | None = None  # None: Slurm's default / $SLURM_CONF
     metrics_port: int = 0  # 0: no metrics endpoint
     metrics_addr: str = "127.0.0.1"
+    round_log: Path | None = None  # None: off; else each round's view and plan, a JSON line each
     source: str = "<defaults>"
 
     @property
@@ -124,6 +125,7 @@ _KEYS: dict[str, tuple[Callable[[str], object], str, str]] = {
     "slurm_conf": (Path, "slurm_conf", "slurm_conf must be a file path"),
     "metrics_port": (_port, "metrics_port", "metrics_port must be a port number 0-65535 (0 turns it off)"),
     "metrics_addr": (str, "metrics_addr", "metrics_addr must be an address to listen on"),
+    "round_log": (Path, "round_log", "round_log must be a file path"),
 }
 _ALIASES = {"database": "database_url", "db": "database_url", "topology": "topology_file"}
 

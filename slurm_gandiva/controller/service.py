@@ -13,6 +13,7 @@ share one lock, so one plan is carried out at a time. Any exception in a job is 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -256,6 +257,8 @@ class Controller:
                 log.error("Slurm shows an inconsistent cluster: %s", "; ".join(errs))
             plan = spare_finishing(self.policy.decide(view, view.now), view, obs.progress)
             plan = self._without_backoff(plan, view.now)
+            if self.config.round_log is not None:
+                log_round(self.config.round_log, view, plan)
             bad = plan.apply(view).consistency_errors() if plan else []
             if bad and not errs:
                 msg = "; ".join(bad)
@@ -509,6 +512,43 @@ def spare_finishing(plan: Plan, view: ClusterView, progress: Mapping[str, Progre
     )
     log.info("jobs %s are finishing: not stopping them this tick", ", ".join(sorted(spared)))
     return Plan(keep)
+
+
+def round_record(view: ClusterView, plan: Plan) -> dict[str, Any]:
+    """What the policy saw of each job in one round and what it decided (a `round_log` line)."""
+
+    def where(p: Placement | None) -> str:
+        return str(p) if p is not None else ""
+
+    jobs = []
+    for j in view.jobs:
+        left = j.remaining_time(j.gpus or j.spec.min_gpus)
+        jobs.append({
+            "job": j.job_id,
+            "state": j.state.value,
+            "gpus": where(j.placement),
+            "submit": j.spec.submit_time,
+            "progress": round(j.progress, 1),
+            "service": round(j.attained_service, 2),
+            "slice_start": j.slice_start,
+            "last_run_end": j.last_run_end,
+            "left_s": round(left, 2) if math.isfinite(left) else None,
+            "held_indices": sorted(j.requeue_indices),
+        })
+    decisions = [
+        {"job": d.job_id, "action": d.action.value, "gpus": where(d.placement), "reason": d.reason}
+        for d in plan.decisions
+    ]
+    return {"at": view.now, "jobs": jobs, "decisions": decisions}
+
+
+def log_round(path: Path, view: ClusterView, plan: Plan) -> None:
+    """Append the round's record to `path` (JSON lines); a failure is logged, never raised."""
+    try:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(round_record(view, plan), sort_keys=True) + "\n")
+    except (OSError, ValueError) as exc:
+        log.warning("cannot write the round log %s: %s", path, exc)
 
 
 def _make_metrics() -> Any:

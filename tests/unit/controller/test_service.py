@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -82,6 +83,27 @@ def test_tick_registers_and_starts_jobs(tmp_path: Path) -> None:
     rep2 = ctl.tick()
     assert rep2.results == ()  # nothing changed, nothing to do
     assert {j.job_id: j.state.value for j in rep2.view.jobs} == {"1": "running", "2": "running", "3": "queued"}
+
+
+def test_round_log_records_what_the_policy_saw_and_decided(tmp_path: Path) -> None:
+    log = tmp_path / "rounds.jsonl"
+    ctl, _backend, _store = make(
+        tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], conf=f"round_log = {log}"
+    )
+    ctl.tick()
+    ctl.tick()
+    first, second = (json.loads(line) for line in log.read_text().splitlines())
+    assert {j["job"]: j["state"] for j in first["jobs"]} == {"1": "queued", "2": "queued", "3": "queued"}
+    assert sorted((d["job"], d["action"]) for d in first["decisions"]) == [("1", "start"), ("2", "start")]
+    seen = {j["job"]: j for j in second["jobs"]}
+    assert seen["1"]["state"] == "running" and seen["1"]["gpus"] == next(
+        d["gpus"] for d in first["decisions"] if d["job"] == "1"
+    )
+    assert second["decisions"] == [] and second["at"] >= first["at"]
+    # An unwritable log is a warning, never a failed round.
+    log.unlink()
+    log.mkdir()
+    assert not ctl.tick().error
 
 
 def test_time_slicing_rotates_and_keeps_history(tmp_path: Path) -> None:

@@ -72,6 +72,7 @@ def test_controller_config_is_valid_for_the_controller(tmp_path: Path) -> None:
     cfg = parse_config(text, "demo.conf")
     assert (cfg.quantum, cfg.tick, cfg.policy) == (20.0, 3.0, "default")
     assert cfg.job_root == tmp_path / "jobs" and cfg.slurm_conf == tmp_path / "slurm.conf"
+    assert cfg.round_log == tmp_path / "ctl" / "rounds.jsonl"  # for bench_sim_vs_real's round-by-round view
 
 
 def test_job_states() -> None:
