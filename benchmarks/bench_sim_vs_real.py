@@ -37,18 +37,20 @@ Two simulations are printed side by side with the real run:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import statistics
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from slurm_gandiva.controller.observe import WRAPPER_MAX_NODES
-from slurm_gandiva.demo import DEFAULT_STATE_DIR, RESULTS_FILE, WORKLOAD, Demo, DemoResult
-from slurm_gandiva.model import JobSpec, RateTable
-from slurm_gandiva.plan import Decision
+from slurm_gandiva.controller.service import round_record
+from slurm_gandiva.demo import DEFAULT_STATE_DIR, RESULTS_FILE, ROUND_LOG, WORKLOAD, Demo, DemoResult
+from slurm_gandiva.model import ClusterView, JobSpec, RateTable
+from slurm_gandiva.plan import Decision, Plan
 from slurm_gandiva.sim.engine import Overheads, SimConfig, SimResult, Simulator
 from slurm_gandiva.sim.models import ModelProfile
 from slurm_gandiva.sim.trace import Trace, TraceJob
@@ -97,6 +99,7 @@ class Measured:
     events: dict[str, list[float]]  # each job's start / resume / move costs, in order
     acts: dict[str, list[float]]  # how long the actor was busy with each of the job's decisions, in order
     exits: dict[str, float]  # each job's last sample -> its process exit
+    launches: dict[str, list[float]] = field(default_factory=dict)  # round's tick -> slice opened, in order
 
 
 def _median(xs: list[float], default: float) -> float:
@@ -181,6 +184,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     acts: dict[str, list[float]] = {}
     acted: list[tuple[str, float, float]] = []  # (job, intent, outcome) of every decision carried out
     replayed: list[tuple[str, int | None, float]] = []  # (job, its decision in `acted`, training began)
+    opened: list[tuple[str, int, float]] = []  # (job, its decision in `acted`, its slice opened)
     suspends: list[float] = []
     exits: dict[str, float] = {}
     lag: dict[str, float] = {}
@@ -198,11 +202,16 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
             gone = [float(e["time"]) for e in events if e.get("event") == "exit" and e.get("outcome") == "done"]
             if done and gone:
                 exits[j.job_id] = max(0.0, gone[-1] - done[-1])
+            slices = store.slices(job_ids=[j.job_id])
             for d in store.decisions(job_ids=[j.job_id]):
                 if d.outcome is not Outcome.SUCCEEDED:
                     continue
                 if d.outcome_at is not None:
                     acted.append((j.job_id, d.intent_at, d.outcome_at))
+                    if d.action is not Action.SUSPEND:
+                        s_open = next((s.start for s in slices if s.start >= d.intent_at - 0.5), None)
+                        if s_open is not None:
+                            opened.append((j.job_id, len(acted) - 1, s_open))
                 if d.action is Action.SUSPEND:
                     if d.outcome_at is not None:
                         suspends.append(d.outcome_at - d.intent_at)
@@ -224,6 +233,9 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     for jid, k, began in replayed:
         tick_at = acted[k][2] - took[k] if k is not None else began
         by_job.setdefault(jid, []).append(began - tick_at)
+    launched: dict[str, list[float]] = {}
+    for jid, k, at in opened:
+        launched.setdefault(jid, []).append(max(0.0, at - (acted[k][2] - took[k])))
     base, per_gpu, crowd = fit_costs(samples)
     start = base.get(Action.START.value, fallback.start)
     resume = base.get(Action.RESUME.value, max(start, fallback.resume))
@@ -244,7 +256,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     counts = {a: sum(1 for x, *_ in samples if x == a) for a in base}
     counts["suspend"] = len(suspends)
     counts["finish"] = len(exits)
-    return Measured(over, lag, counts, submit, by_job, acts, exits)
+    return Measured(over, lag, counts, submit, by_job, acts, exits, launched)
 
 
 class WorkloadSimulator(Simulator):
@@ -259,6 +271,7 @@ class WorkloadSimulator(Simulator):
         replay: dict[str, list[float]] | None = None,
         acts: dict[str, list[float]] | None = None,
         exits: dict[str, float] | None = None,
+        launches: dict[str, list[float]] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
@@ -267,6 +280,7 @@ class WorkloadSimulator(Simulator):
         self.replay = replay
         self.acts = acts
         self.exits = exits or {}
+        self.launches = launches
         self._seen: dict[tuple[str, str], int] = {}
 
     def _measured(self, kind: str, table: dict[str, list[float]] | None, job_id: str) -> float | None:
@@ -280,6 +294,12 @@ class WorkloadSimulator(Simulator):
         """With `acts`, the actor is busy with a job's n-th decision as long as it was in the real run."""
         took = self._measured("act", self.acts, d.job_id)
         return took if took is not None else super().act_seconds(d)
+
+    def launch_seconds(self, d: Decision) -> float:
+        """With `launches`, a job's n-th slice opens (its service counts) as long after its round's tick
+        as it did in the real run."""
+        took = self._measured("launch", self.launches, d.job_id)
+        return took if took is not None else super().launch_seconds(d)
 
     def startup(self, d: Decision, gpus: int, crowd: float) -> float:
         """With `replay`, a job's n-th start / resume / move costs what its n-th one cost in the real run
@@ -313,6 +333,85 @@ def make_policy_for(real: DemoResult) -> Any:
     return make_policy(real.policy, **params)
 
 
+class _Recording:
+    """A policy that records each round as the controller's `round_log` does (simulated seconds)."""
+
+    def __init__(self, policy: Any, rounds: list[dict[str, Any]]) -> None:
+        self._policy = policy
+        self._rounds = rounds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def decide(self, view: ClusterView, now: float) -> Plan:
+        plan: Plan = self._policy.decide(view, now)
+        self._rounds.append(round_record(view, plan))
+        return plan
+
+
+def _decided(rnd: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return sorted((d["job"], d["action"], d["gpus"]) for d in rnd["decisions"])
+
+
+def first_divergence(
+    real_rounds: list[dict[str, Any]], sim_rounds: list[dict[str, Any]], t0: float, tick: float
+) -> str | None:
+    """The first round (on the tick grid) whose real and simulated decisions differ: both decision sets and
+    what each side saw of the jobs concerned, where they saw them differently; None when none differ."""
+    step = tick if tick > 0 else 1.0
+
+    def by_time(rounds: list[dict[str, Any]], origin: float) -> dict[float, dict[str, Any]]:
+        return {round((r["at"] - origin) / step) * step: r for r in rounds}
+
+    real, sim = by_time(real_rounds, t0), by_time(sim_rounds, 0.0)
+    for at in sorted(set(real) | set(sim)):
+        r, s = real.get(at), sim.get(at)
+        rd, sd = _decided(r) if r else [], _decided(s) if s else []
+        if rd == sd:
+            continue
+        lines = [f"first round that differs: {at:.0f} s", f"  real: {_what(r, rd)}", f"  sim:  {_what(s, sd)}"]
+        if r is not None and s is not None:
+            seen = {j["job"]: j for j in s["jobs"]}
+            for j in r["jobs"]:
+                o = seen.get(j["job"])
+                if o is None:
+                    lines.append(f"  job {j['job']}: real sees it {j['state']}, the simulator does not")
+                    continue
+                diffs = [
+                    f"{k} {_show(j[k], t0)} vs {_show(o[k], 0.0)}"
+                    for k in ("state", "gpus", "service", "slice_start", "left_s", "held_indices")
+                    if _differs(k, j[k], o[k], t0)
+                ]
+                if diffs:
+                    lines.append(f"  job {j['job']} (real vs sim): " + "; ".join(diffs))
+        return "\n".join(lines)
+    return None
+
+
+def _what(rnd: dict[str, Any] | None, decided: list[tuple[str, str, str]]) -> str:
+    if rnd is None:
+        return "no round (the tick was skipped or fell elsewhere)"
+    return ", ".join(f"{a} {j}" + (f" on {g}" if g else "") for j, a, g in decided) or "nothing"
+
+
+def _show(v: Any, origin: float) -> str:
+    return f"{v - origin:.1f}" if isinstance(v, float) and v > 1e6 else str(v)
+
+
+def _differs(key: str, a: Any, b: Any, t0: float) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if key == "slice_start":
+            a = a - t0
+        return abs(a - b) > 0.5
+    return bool(a != b)
+
+
+def origin_of(real: DemoResult, policy_submit: dict[str, float] | None = None) -> float:
+    """The unix time of the simulation's 0 s: a multiple of the quantum at or before the first submission."""
+    step = real.quantum if real.quantum > 0 else 1.0
+    return math.floor(min([j.submitted for j in real.jobs] + list((policy_submit or {}).values())) / step) * step
+
+
 def simulate(
     real: DemoResult,
     overheads: Overheads,
@@ -321,6 +420,8 @@ def simulate(
     replay: dict[str, list[float]] | None = None,
     acts: dict[str, list[float]] | None = None,
     exits: dict[str, float] | None = None,
+    launches: dict[str, list[float]] | None = None,
+    rounds: list[dict[str, Any]] | None = None,
 ) -> tuple[SimResult, dict[str, float | None]]:
     """The real run's jobs in the simulator (2 nodes x 4 GPUs, the same policy, quantum and tick).
 
@@ -328,14 +429,15 @@ def simulate(
     sees the submission time the controller saw (`policy_submit`: Slurm's, in whole seconds, so jobs
     submitted in the same second tie as they did live). Returns the result and each job's simulated JCT
     counted from its real submission. With `replay`, each job's start-ups cost what they did in the real
-    run, event by event (`WorkloadSimulator.startup`), and with `exits` each job's exit too."""
+    run, event by event (`WorkloadSimulator.startup`), and with `exits` each job's exit too, with `launches`
+    each job's slice opening (when its service starts to count); `rounds` collects each round's record
+    (`round_record`, simulated seconds)."""
     profile = speed_profile(real)
     lag = lag or {}
     seen = policy_submit or {}
     # The simulated clock starts at a multiple of the quantum: rotations fall where the controller's did
     # (at multiples of the quantum in unix time).
-    step = real.quantum if real.quantum > 0 else 1.0
-    t0 = math.floor(min([j.submitted for j in real.jobs] + list(seen.values())) / step) * step
+    t0 = origin_of(real, seen)
     jobs = []
     for j in real.jobs:
         rate = profile.throughput((j.min_gpus,))
@@ -362,7 +464,7 @@ def simulate(
     )
     sim = WorkloadSimulator(
         Trace("demo", tuple(jobs)),
-        make_policy_for(real),
+        make_policy_for(real) if rounds is None else _Recording(make_policy_for(real), rounds),
         config,
         profiles={MODEL: profile},
         ranges={j.job_id: (j.min_gpus, j.max_gpus) for j in real.jobs},
@@ -370,6 +472,7 @@ def simulate(
         replay=replay,
         acts=acts,
         exits=exits,
+        launches=launches,
     )
     res = sim.run()
     submitted = {j.job_id: j.submitted - t0 for j in real.jobs}
@@ -504,9 +607,11 @@ def main(argv: list[str] | None = None) -> int:
     events: dict[str, list[float]] | None = None
     acts: dict[str, list[float]] | None = None
     exits: dict[str, float] | None = None
+    launches: dict[str, list[float]] | None = None
     if args.calibrate:
         m = measure(path.parent, real, overheads)
         overheads, lag, submit, events, acts, exits = m.overheads, m.lag, m.submit, m.events, m.acts, m.exits
+        launches = m.launches
         print("measured in the real run (decisions): " + ", ".join(f"{k} {n}" for k, n in sorted(m.counts.items())))
         if lag:
             print(f"registration lag: median {statistics.median(lag.values()):.1f} s over {len(lag)} jobs")
@@ -515,12 +620,20 @@ def main(argv: list[str] | None = None) -> int:
     r_sus = sum(sum(1 for *_, why in j.slice_log if why == "quantum") for j in real.jobs)
     ok = True
     if events is not None:
-        sim, sim_jct = simulate(real, overheads, lag, submit, replay=events, acts=acts, exits=exits)
+        rounds: list[dict[str, Any]] = []
+        sim, sim_jct = simulate(
+            real, overheads, lag, submit, replay=events, acts=acts, exits=exits, launches=launches, rounds=rounds
+        )
         print(
             f"\n1. Each start-up costing what it cost in the real run, event by event (suspends: real {r_sus}, "
             f"simulated {sum(j.suspends for j in sim.jobs)}):"
         )
         ok = compare(real, sim, sim_jct, args.tolerance)
+        log = path.parent / "controller" / ROUND_LOG
+        if log.is_file():
+            real_rounds = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            diff = first_divergence(real_rounds, rounds, origin_of(real, submit), real.tick)
+            print(diff or "every round decided the same, live and simulated")
         print("\n2. The fitted cost model instead (what capacity planning uses; informational):")
     sim, sim_jct = simulate(real, overheads, lag, submit)
     print(f"suspends: real {r_sus}, simulated {sum(j.suspends for j in sim.jobs)}")

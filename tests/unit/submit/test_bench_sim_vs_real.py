@@ -59,7 +59,7 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     from slurm_gandiva.model import GpuRef, JobSpec, Placement
     from slurm_gandiva.plan import Action
     from slurm_gandiva.sim.engine import Overheads
-    from slurm_gandiva.store import Outcome, Store
+    from slurm_gandiva.store import Outcome, SliceEnd, Store
 
     real = _real()
     (tmp_path / "controller").mkdir()
@@ -77,6 +77,11 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
                                   ("2", Action.SUSPEND, 10.0, 10.5), ("2", Action.RESUME, 20.0, 21.0)):
         did = store.record_intent(jid, action, None if action is Action.SUSPEND else one, "", at)
         store.record_outcome(did, Outcome.SUCCEEDED, "", done)
+    # The controller opens a slice when Slurm runs the job: service counts from then.
+    for jid, start, end in (("1", 2.8, 16.0), ("2", 2.9, 10.5), ("2", 20.7, None)):
+        store.open_slice(jid, one, start)
+        if end is not None:
+            store.close_slice(jid, end, SliceEnd.QUANTUM)
     store.close()
     m = bench.measure(tmp_path, real, Overheads())
     assert m.overheads.start == pytest.approx(5.5)  # median of 5 and 6
@@ -91,6 +96,8 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     # How long after its round's tick (multiples of 3 s) each decision was done: the next tick waits.
     assert m.acts["1"] == pytest.approx([3.0]) and m.acts["2"] == pytest.approx([3.0, 1.5, 3.0])
     assert m.submit == {j.job_id: j.submitted for j in real.jobs[:2]}  # what the controller's policy saw
+    # Each slice's opening after its round's tick, for the replay (the resume's round began at 18 s).
+    assert m.launches["1"] == pytest.approx([2.8]) and m.launches["2"] == pytest.approx([2.9, 2.7])
 
 
 def test_cost_fit_recovers_base_per_gpu_and_crowd(bench: ModuleType) -> None:
@@ -132,3 +139,25 @@ def test_round_times_count_from_the_rounds_tick(bench: ModuleType) -> None:
     """A round's decisions run in waves: each is done some time after the tick that began the round."""
     acted = [(30.2, 30.8), (30.9, 32.5), (45.1, 45.4), (31.0, 31.6)]  # the 4th: in the first round's waves
     assert bench.round_times(acted, 3.0) == pytest.approx([0.8, 2.5, 0.4, 1.6])
+
+
+def test_first_divergence_names_the_round_and_what_each_side_saw(bench: ModuleType) -> None:
+    t0 = 1000.0
+
+    def rnd(at: float, jobs: list[tuple[str, str, float]], decided: list[tuple[str, str]]) -> dict:
+        return {
+            "at": at,
+            "jobs": [{"job": j, "state": st, "gpus": "", "service": svc, "slice_start": None, "left_s": None,
+                      "held_indices": []} for j, st, svc in jobs],
+            "decisions": [{"job": j, "action": a, "gpus": "", "reason": ""} for j, a in decided],
+        }
+
+    real = [rnd(t0 + 30.04, [("1", "running", 30.0)], []), rnd(t0 + 60.1, [("1", "running", 60.0)], [("1", "suspend")])]
+    sim = [rnd(30.0, [("1", "running", 30.0)], []), rnd(60.0, [("1", "running", 60.2)], [("1", "suspend")])]
+    assert bench.first_divergence(real, sim, t0, 3.0) is None  # the same decisions, round by round
+    sim[1] = rnd(60.0, [("1", "running", 52.0)], [])
+    got = bench.first_divergence(real, sim, t0, 3.0)
+    assert got is not None and got.splitlines()[:3] == [
+        "first round that differs: 60 s", "  real: suspend 1", "  sim:  nothing"
+    ]
+    assert "job 1 (real vs sim): service 60.0 vs 52.0" in got
