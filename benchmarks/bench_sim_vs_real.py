@@ -37,18 +37,20 @@ Two simulations are printed side by side with the real run:
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import random
 import statistics
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from slurm_gandiva.controller.observe import WRAPPER_MAX_NODES
 from slurm_gandiva.controller.service import round_record
-from slurm_gandiva.demo import DEFAULT_STATE_DIR, RESULTS_FILE, ROUND_LOG, WORKLOAD, Demo, DemoResult
+from slurm_gandiva.demo import DEFAULT_STATE_DIR, RESULTS_FILE, ROUND_LOG, WORKLOAD, Demo, DemoResult, JobResult
 from slurm_gandiva.model import ClusterView, JobSpec, RateTable
 from slurm_gandiva.plan import Decision, Plan
 from slurm_gandiva.sim.engine import Overheads, SimConfig, SimResult, Simulator
@@ -58,10 +60,15 @@ from slurm_gandiva.sim.trace import Trace, TraceJob
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "demo"
 ROUND_S = 1.5  # decisions recorded this close together belong to one controller round
+WAVE_GAP_S = 0.5  # a round's next wave begins this soon after the last one's outcome
+SNAPSHOT_S = 0.1  # a round's Slurm snapshot is taken this soon after its time (`at`)
 
 
-def speed_profile(real: DemoResult, gpus_per_node: int = 4, nodes: int = 2) -> ModelProfile:
-    """One profile for the demo model: step time by GPU count from the rates measured in the real run.
+def speed_profile(
+    real: DemoResult, gpus_per_node: int = 4, nodes: int = 2, own: JobResult | None = None
+) -> ModelProfile:
+    """One profile for the demo model: step time by GPU count from the rates measured in the real run
+    (their medians over the jobs; with `own`, that job's own rates where it was measured).
 
     local_bsz = 1 sample, so step_time(k) = k / rate(k). Counts never measured are interpolated
     linearly between measured ones (flat above the largest); a placement over two nodes is given the
@@ -74,6 +81,9 @@ def speed_profile(real: DemoResult, gpus_per_node: int = 4, nodes: int = 2) -> M
     if 1 not in by_k:
         raise SystemExit("the real run measured no 1-GPU rate: cannot build the speed profile")
     known = {k: statistics.median(v) for k, v in sorted(by_k.items())}
+    if own is not None:
+        known.update(own.rates)
+        known = dict(sorted(known.items()))
     rate: dict[int, float] = {}
     for k in range(1, gpus_per_node + 1):
         lower = max(x for x in known if x <= k)
@@ -85,7 +95,8 @@ def speed_profile(real: DemoResult, gpus_per_node: int = 4, nodes: int = 2) -> M
             rate[k] = known[lower] + (k - lower) / (hi - lower) * (known[hi] - known[lower])
     best = rate[gpus_per_node]
     cross = {(n, k): k / best for n in range(2, nodes + 1) for k in range(2, n * gpus_per_node + 1)}
-    return ModelProfile(MODEL, 1, {(k,): k / r for k, r in rate.items()}, cross)
+    name = MODEL if own is None else f"{MODEL}-{own.job_id}"
+    return ModelProfile(name, 1, {(k,): k / r for k, r in rate.items()}, cross)
 
 
 @dataclass(frozen=True)
@@ -123,19 +134,27 @@ def _solve(rows: list[list[float]], ys: list[float]) -> list[float]:
     return [a[i][n] / a[i][i] if abs(a[i][i]) >= 1e-12 else 0.0 for i in range(n)]
 
 
-def round_times(acted: list[tuple[float, float]], tick: float) -> list[float]:
+def round_times(
+    acted: list[tuple[float, float]], tick: float, rounds: Sequence[float] = ()
+) -> list[float]:
     """For each decision (intent, outcome), how long after its round's tick it was done: the controller's
     rounds start at multiples of the tick (unix time) and its next tick waits for the whole round.
 
-    A round is the decisions the actor carried out without a pause (one intent before the last outcome
-    so far: waves); it began at the tick before its first intent (observing and deciding come first)."""
+    With the controller's round log, `rounds` are the times of the rounds that decided something: a
+    decision belongs to the last one before its intent. Without it, a round is the decisions the actor
+    carried out without a pause (the next intent within `WAVE_GAP_S` of the last outcome so far: waves),
+    and it began at the tick before its first intent (observing and deciding come first)."""
     out = [0.0] * len(acted)
+    marks = sorted(rounds)
     start = end = -math.inf
     for i in sorted(range(len(acted)), key=lambda i: acted[i][0]):
         intent, outcome = acted[i]
-        if intent > end:
+        k = bisect.bisect_right(marks, intent + 1e-6)
+        if k:
+            start = math.floor(marks[k - 1] / tick + 1e-9) * tick if tick > 0 else marks[k - 1]
+        elif intent > end + WAVE_GAP_S:
             start = math.floor(intent / tick) * tick if tick > 0 else intent
-        end = max(end, outcome) if intent <= end else outcome
+        end = max(end, outcome) if intent <= end + WAVE_GAP_S else outcome
         out[i] = outcome - start
     return out
 
@@ -161,6 +180,14 @@ def fit_costs(samples: list[tuple[str, int, int, float]]) -> tuple[dict[str, flo
     fitted = dict(zip(slopes, coef[len(actions) :], strict=True))
     base = {a: max(0.0, c) for a, c in zip(actions, coef[: len(actions)], strict=True)}
     return base, fitted.get("per_gpu", 0.0), fitted.get("crowd", 0.0)
+
+
+def read_rounds(state_dir: Path) -> list[dict[str, Any]]:
+    """The controller's round log of a demo run (`ROUND_LOG`; empty when it kept none)."""
+    log = state_dir / "controller" / ROUND_LOG
+    if not log.is_file():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
 def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
@@ -189,6 +216,12 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     exits: dict[str, float] = {}
     lag: dict[str, float] = {}
     submit: dict[str, float] = {}
+    last_running: dict[str, float] = {}  # the last round that saw each job running (with a round log)
+    rounds = read_rounds(state_dir)
+    for rnd in rounds:
+        for seen in rnd["jobs"]:
+            if seen["state"] == "running":
+                last_running[seen["job"]] = max(last_running.get(seen["job"], -math.inf), rnd["at"])
     store = Store(f"sqlite:///{db}")
     try:
         for j in real.jobs:
@@ -201,7 +234,10 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
             done = [float(e["time"]) for e in events if e.get("event") == "training_done"]
             gone = [float(e["time"]) for e in events if e.get("event") == "exit" and e.get("outcome") == "done"]
             if done and gone:
-                exits[j.job_id] = max(0.0, gone[-1] - done[-1])
+                # The controller frees a job's GPUs when Slurm says it ended, a little after the process
+                # exit: a round that still saw it running bounds that from below.
+                seen = last_running.get(j.job_id, -math.inf) + SNAPSHOT_S
+                exits[j.job_id] = max(0.0, max(gone[-1], seen) - done[-1])
             slices = store.slices(job_ids=[j.job_id])
             for d in store.decisions(job_ids=[j.job_id]):
                 if d.outcome is not Outcome.SUCCEEDED:
@@ -227,7 +263,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     finally:
         store.close()
     samples = [(a, g, sum(1 for _, t2, _, _ in starts if abs(t2 - t) < ROUND_S) - 1, c) for a, t, g, c in starts]
-    took = round_times([(i, o) for _, i, o in acted], real.tick)
+    took = round_times([(i, o) for _, i, o in acted], real.tick, [r["at"] for r in rounds if r["decisions"]])
     for (jid, _, _), t in zip(acted, took, strict=True):
         acts.setdefault(jid, []).append(t)
     for jid, k, began in replayed:
@@ -422,6 +458,7 @@ def simulate(
     exits: dict[str, float] | None = None,
     launches: dict[str, list[float]] | None = None,
     rounds: list[dict[str, Any]] | None = None,
+    own_rates: bool = False,
 ) -> tuple[SimResult, dict[str, float | None]]:
     """The real run's jobs in the simulator (2 nodes x 4 GPUs, the same policy, quantum and tick).
 
@@ -431,8 +468,10 @@ def simulate(
     counted from its real submission. With `replay`, each job's start-ups cost what they did in the real
     run, event by event (`WorkloadSimulator.startup`), and with `exits` each job's exit too, with `launches`
     each job's slice opening (when its service starts to count); `rounds` collects each round's record
-    (`round_record`, simulated seconds)."""
-    profile = speed_profile(real)
+    (`round_record`, simulated seconds); with `own_rates` each job trains at its own measured rates (jobs
+    that share a node's two cores differ by a few percent), else at the medians over all jobs."""
+    shared = speed_profile(real)
+    profiles = {MODEL: shared}
     lag = lag or {}
     seen = policy_submit or {}
     # The simulated clock starts at a multiple of the quantum: rotations fall where the controller's did
@@ -440,9 +479,13 @@ def simulate(
     t0 = origin_of(real, seen)
     jobs = []
     for j in real.jobs:
+        profile = speed_profile(real, own=j) if own_rates else shared
+        profiles[profile.name] = profile
         rate = profile.throughput((j.min_gpus,))
         at = seen.get(j.job_id, j.submitted) - t0
-        jobs.append(TraceJob(j.job_id, at, j.total_samples / rate, j.min_gpus, MODEL, "gandiva-demo", j.max_gpus))
+        jobs.append(
+            TraceJob(j.job_id, at, j.total_samples / rate, j.min_gpus, profile.name, "gandiva-demo", j.max_gpus)
+        )
     jobs.sort(key=lambda tj: (tj.submit_time, int(tj.job_id)))
     # Fake GPUs: where a job's GPUs sit changes nothing (no locality penalty), as in the real run.
     # The controller's rounds fall on multiples of its tick (unix time), and it registers a job in a round.
@@ -466,7 +509,7 @@ def simulate(
         Trace("demo", tuple(jobs)),
         make_policy_for(real) if rounds is None else _Recording(make_policy_for(real), rounds),
         config,
-        profiles={MODEL: profile},
+        profiles=profiles,
         ranges={j.job_id: (j.min_gpus, j.max_gpus) for j in real.jobs},
         arrive={j.job_id: registered(j.submitted - t0 + lag.get(j.job_id, 0.0)) for j in real.jobs},
         replay=replay,
@@ -622,16 +665,16 @@ def main(argv: list[str] | None = None) -> int:
     if events is not None:
         rounds: list[dict[str, Any]] = []
         sim, sim_jct = simulate(
-            real, overheads, lag, submit, replay=events, acts=acts, exits=exits, launches=launches, rounds=rounds
+            real, overheads, lag, submit, replay=events, acts=acts, exits=exits, launches=launches, rounds=rounds,
+            own_rates=True,
         )
         print(
             f"\n1. Each start-up costing what it cost in the real run, event by event (suspends: real {r_sus}, "
             f"simulated {sum(j.suspends for j in sim.jobs)}):"
         )
         ok = compare(real, sim, sim_jct, args.tolerance)
-        log = path.parent / "controller" / ROUND_LOG
-        if log.is_file():
-            real_rounds = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        real_rounds = read_rounds(path.parent)
+        if real_rounds:
             diff = first_divergence(real_rounds, rounds, origin_of(real, submit), real.tick)
             print(diff or "every round decided the same, live and simulated")
         print("\n2. The fitted cost model instead (what capacity planning uses; informational):")

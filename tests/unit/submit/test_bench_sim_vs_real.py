@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -46,6 +47,14 @@ def _real() -> DemoResult:
 
 def test_speed_profile_interpolates_measured_rates(bench: ModuleType) -> None:
     prof = bench.speed_profile(_real())
+    # Job 2 also ran on 1 GPU, at 120 samples/s: the shared profile takes the median (110), its own 120.
+    real = _real()
+    two = replace(real.jobs[1], rates=((1, 120.0), (2, 150.0)))
+    real = replace(real, jobs=(real.jobs[0], two, real.jobs[2]))
+    assert bench.speed_profile(real).throughput((1,)) == pytest.approx(110.0)
+    own = bench.speed_profile(real, own=two)
+    assert own.name == "demo-2" and own.throughput((1,)) == pytest.approx(120.0)
+    assert own.throughput((4,)) == pytest.approx(200.0)  # never measured on 4: the others' rate
     assert prof.throughput((1,)) == pytest.approx(100.0)
     assert prof.throughput((2,)) == pytest.approx(150.0)
     assert prof.throughput((3,)) == pytest.approx(175.0)  # between 2 and 4
@@ -98,6 +107,11 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     assert m.submit == {j.job_id: j.submitted for j in real.jobs[:2]}  # what the controller's policy saw
     # Each slice's opening after its round's tick, for the replay (the resume's round began at 18 s).
     assert m.launches["1"] == pytest.approx([2.8]) and m.launches["2"] == pytest.approx([2.9, 2.7])
+    # A round that still saw job 1 running at 16.5 s (its wrapper exited at 16.3 s): Slurm said it ended
+    # after that round's snapshot, so its GPUs were free only then.
+    seen = {"at": 16.5, "decisions": [], "jobs": [{"job": "1", "state": "running"}]}
+    (tmp_path / "controller" / "rounds.jsonl").write_text(json.dumps(seen) + "\n")
+    assert bench.measure(tmp_path, real, Overheads()).exits == pytest.approx({"1": 1.1, "2": 1.2})
 
 
 def test_cost_fit_recovers_base_per_gpu_and_crowd(bench: ModuleType) -> None:
@@ -139,6 +153,13 @@ def test_round_times_count_from_the_rounds_tick(bench: ModuleType) -> None:
     """A round's decisions run in waves: each is done some time after the tick that began the round."""
     acted = [(30.2, 30.8), (30.9, 32.5), (45.1, 45.4), (31.0, 31.6)]  # the 4th: in the first round's waves
     assert bench.round_times(acted, 3.0) == pytest.approx([0.8, 2.5, 0.4, 1.6])
+    # A wave that begins a few ms after the last one's outcome is the same round (not the tick at 33).
+    waves = [(90.1, 90.9), (90.92, 94.4), (94.45, 95.1)]
+    assert bench.round_times(waves, 3.0) == pytest.approx([0.9, 4.4, 5.1])
+    # The controller's round log says which round each decision belongs to, whatever the gaps.
+    assert bench.round_times([(90.1, 90.9), (92.0, 92.5), (96.2, 96.4)], 3.0, [90.05, 96.1]) == pytest.approx(
+        [0.9, 2.5, 0.4]
+    )
 
 
 def test_first_divergence_names_the_round_and_what_each_side_saw(bench: ModuleType) -> None:
