@@ -111,6 +111,7 @@ class Measured:
     acts: dict[str, list[float]]  # how long the actor was busy with each of the job's decisions, in order
     exits: dict[str, float]  # each job's last sample -> its process exit
     launches: dict[str, list[float]] = field(default_factory=dict)  # round's tick -> slice opened, in order
+    stops: dict[str, list[float]] = field(default_factory=dict)  # round's tick -> suspended (slice closed)
 
 
 def _median(xs: list[float], default: float) -> float:
@@ -212,6 +213,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     acted: list[tuple[str, float, float]] = []  # (job, intent, outcome) of every decision carried out
     replayed: list[tuple[str, int | None, float]] = []  # (job, its decision in `acted`, training began)
     opened: list[tuple[str, int, float]] = []  # (job, its decision in `acted`, its slice opened)
+    stopped: list[tuple[str, int]] = []  # (job, its suspend in `acted`)
     suspends: list[float] = []
     exits: dict[str, float] = {}
     lag: dict[str, float] = {}
@@ -251,6 +253,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
                 if d.action is Action.SUSPEND:
                     if d.outcome_at is not None:
                         suspends.append(d.outcome_at - d.intent_at)
+                        stopped.append((j.job_id, len(acted) - 1))
                     continue
                 if d.action in (Action.START, Action.RESUME) and d.outcome_at is not None:
                     launches.append(d.outcome_at - d.intent_at)
@@ -272,6 +275,9 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     launched: dict[str, list[float]] = {}
     for jid, k, at in opened:
         launched.setdefault(jid, []).append(max(0.0, at - (acted[k][2] - took[k])))
+    stops: dict[str, list[float]] = {}
+    for jid, k in stopped:
+        stops.setdefault(jid, []).append(took[k])
     base, per_gpu, crowd = fit_costs(samples)
     start = base.get(Action.START.value, fallback.start)
     resume = base.get(Action.RESUME.value, max(start, fallback.resume))
@@ -292,7 +298,7 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     counts = {a: sum(1 for x, *_ in samples if x == a) for a in base}
     counts["suspend"] = len(suspends)
     counts["finish"] = len(exits)
-    return Measured(over, lag, counts, submit, by_job, acts, exits, launched)
+    return Measured(over, lag, counts, submit, by_job, acts, exits, launched, stops)
 
 
 class WorkloadSimulator(Simulator):
@@ -308,6 +314,7 @@ class WorkloadSimulator(Simulator):
         acts: dict[str, list[float]] | None = None,
         exits: dict[str, float] | None = None,
         launches: dict[str, list[float]] | None = None,
+        stops: dict[str, list[float]] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
@@ -317,6 +324,7 @@ class WorkloadSimulator(Simulator):
         self.acts = acts
         self.exits = exits or {}
         self.launches = launches
+        self.stops = stops
         self._seen: dict[tuple[str, str], int] = {}
 
     def _measured(self, kind: str, table: dict[str, list[float]] | None, job_id: str) -> float | None:
@@ -330,6 +338,12 @@ class WorkloadSimulator(Simulator):
         """With `acts`, the actor is busy with a job's n-th decision as long as it was in the real run."""
         took = self._measured("act", self.acts, d.job_id)
         return took if took is not None else super().act_seconds(d)
+
+    def suspend_seconds(self, d: Decision) -> float:
+        """With `stops`, a job's n-th suspend closes its slice as long after its round's tick as it did in
+        the real run (a later wave of a round stops later)."""
+        took = self._measured("stop", self.stops, d.job_id)
+        return took if took is not None else super().suspend_seconds(d)
 
     def launch_seconds(self, d: Decision) -> float:
         """With `launches`, a job's n-th slice opens (its service counts) as long after its round's tick
@@ -459,6 +473,7 @@ def simulate(
     launches: dict[str, list[float]] | None = None,
     rounds: list[dict[str, Any]] | None = None,
     own_rates: bool = False,
+    stops: dict[str, list[float]] | None = None,
 ) -> tuple[SimResult, dict[str, float | None]]:
     """The real run's jobs in the simulator (2 nodes x 4 GPUs, the same policy, quantum and tick).
 
@@ -467,7 +482,8 @@ def simulate(
     submitted in the same second tie as they did live). Returns the result and each job's simulated JCT
     counted from its real submission. With `replay`, each job's start-ups cost what they did in the real
     run, event by event (`WorkloadSimulator.startup`), and with `exits` each job's exit too, with `launches`
-    each job's slice opening (when its service starts to count); `rounds` collects each round's record
+    each job's slice opening (when its service starts to count), with `stops` each suspend's (when it
+    stops); `rounds` collects each round's record
     (`round_record`, simulated seconds); with `own_rates` each job trains at its own measured rates (jobs
     that share a node's two cores differ by a few percent), else at the medians over all jobs."""
     shared = speed_profile(real)
@@ -516,6 +532,7 @@ def simulate(
         acts=acts,
         exits=exits,
         launches=launches,
+        stops=stops,
     )
     res = sim.run()
     submitted = {j.job_id: j.submitted - t0 for j in real.jobs}
@@ -651,10 +668,11 @@ def main(argv: list[str] | None = None) -> int:
     acts: dict[str, list[float]] | None = None
     exits: dict[str, float] | None = None
     launches: dict[str, list[float]] | None = None
+    stops: dict[str, list[float]] | None = None
     if args.calibrate:
         m = measure(path.parent, real, overheads)
         overheads, lag, submit, events, acts, exits = m.overheads, m.lag, m.submit, m.events, m.acts, m.exits
-        launches = m.launches
+        launches, stops = m.launches, m.stops
         print("measured in the real run (decisions): " + ", ".join(f"{k} {n}" for k, n in sorted(m.counts.items())))
         if lag:
             print(f"registration lag: median {statistics.median(lag.values()):.1f} s over {len(lag)} jobs")
@@ -666,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds: list[dict[str, Any]] = []
         sim, sim_jct = simulate(
             real, overheads, lag, submit, replay=events, acts=acts, exits=exits, launches=launches, rounds=rounds,
-            own_rates=True,
+            own_rates=True, stops=stops,
         )
         print(
             f"\n1. Each start-up costing what it cost in the real run, event by event (suspends: real {r_sus}, "

@@ -604,7 +604,8 @@ class Simulator:
             a = d.action
             if a is Action.SUSPEND:
                 # The controller closes the slice when the job has stopped: the suspend counts as service.
-                r.service += len(left) * cost.suspend
+                r.service += len(left) * self.suspend_seconds(d)
+                r.job = replace(r.job, attained_service=r.service)  # what the policy sees of it from now on
                 r.suspends += 1
                 r.rate = r.step_rate = 0.0
                 del running[d.job_id]
@@ -638,6 +639,11 @@ class Simulator:
         job (`launch`). A subclass may replay measured times."""
         o = self.config.overheads
         return o.suspend if d.action is Action.SUSPEND else o.launch
+
+    def suspend_seconds(self, d: Decision) -> float:
+        """Seconds from suspend decision `d` to the job having stopped, when the controller closes its
+        slice (the suspend counts as service). A subclass may replay measured times."""
+        return self.config.overheads.suspend
 
     def launch_seconds(self, d: Decision) -> float:
         """Seconds from decision `d` (not a suspend) to Slurm running the job, when the controller opens

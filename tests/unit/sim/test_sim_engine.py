@@ -60,6 +60,23 @@ def test_time_slicing_charges_suspend_and_resume() -> None:
     assert b.overhead_seconds == pytest.approx(5.0 + 10.0)
 
 
+def test_a_suspended_jobs_service_includes_its_suspend() -> None:
+    """The controller closes a slice when the job has stopped: a, suspended at 60 with a 5 s suspend, has
+    65 s of service from then on in what the policy sees (it was 60 s, the suspend left out)."""
+    seen: list[tuple[float, float]] = []
+
+    class Watch(ToyRoundRobin):
+        def decide(self, view: ClusterView, now: float) -> Plan:
+            for a in view.jobs:
+                if a.job_id == "a" and a.state.value == "suspended":
+                    seen.append((now, a.attained_service))
+            return super().decide(view, now)
+
+    cfg = replace(ONE_GPU, overheads=Overheads(start=0, suspend=5, resume=10))
+    Simulator(trace(("a", 0, 100, 1), ("b", 0, 100, 1)), Watch(60.0), cfg).run()
+    assert seen and all(svc == pytest.approx(65.0) for _, svc in seen), seen
+
+
 def test_time_slicing_without_overheads_shares_the_gpu() -> None:
     res = Simulator(trace(("a", 0, 100, 1), ("b", 0, 100, 1)), ToyRoundRobin(60.0), ONE_GPU).run()
     # a 0-60, b 60-120, a 120-160 done, b 160-200 done

@@ -107,6 +107,8 @@ def test_costs_are_measured_from_the_store_and_the_wrappers_events(bench: Module
     assert m.submit == {j.job_id: j.submitted for j in real.jobs[:2]}  # what the controller's policy saw
     # Each slice's opening after its round's tick, for the replay (the resume's round began at 18 s).
     assert m.launches["1"] == pytest.approx([2.8]) and m.launches["2"] == pytest.approx([2.9, 2.7])
+    # The suspend closed job 2's slice 1.5 s after its round's tick (9 s).
+    assert list(m.stops) == ["2"] and m.stops["2"] == pytest.approx([1.5])
     # A round that still saw job 1 running at 16.5 s (its wrapper exited at 16.3 s): Slurm said it ended
     # after that round's snapshot, so its GPUs were free only then.
     seen = {"at": 16.5, "decisions": [], "jobs": [{"job": "1", "state": "running"}]}
