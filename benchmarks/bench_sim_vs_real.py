@@ -21,10 +21,14 @@ Two simulations are printed side by side with the real run:
 
 1. each start-up costing what that very start-up cost in the real run (a job's n-th start / resume /
    move, event by event), and the controller busy with each decision as long as it was (a tick that
-   comes while a round still waits for Slurm is skipped, live and simulated), and each job's exit taking
-   as long as it did: this checks the simulator's model of the controller (ticks, rotations, service
+   comes while a round still waits for Slurm is skipped, live and simulated), each slice opening and
+   closing (service counts between) as long after its round's tick as it did, each job training at its
+   own measured rates and its exit taking as long as it did (no earlier than the last round that saw
+   it running): this checks the simulator's model of the controller (ticks, rotations, service
    accounting, placement, what the policy knows), and gives the verdict: PASS when every job's JCT is
-   within the tolerance (15%);
+   within the tolerance (15%). With the controller's round log (`round_log`; the demo keeps one) the
+   rounds are attributed exactly, and the first round whose simulated decisions differ from the real
+   ones is printed with what each side saw of the jobs concerned;
 2. the fitted cost model (base per action + per GPU beyond one + per other job starting in the same
    round), as capacity planning would use it, with how far each job's simulated JCT moves when every
    cost is off by up to 25% (a job that moves a lot ends near a rotation: a second decides whether it
