@@ -426,6 +426,11 @@ def first_divergence(
         lines = [f"first round that differs: {at:.0f} s", f"  real: {_what(r, rd)}", f"  sim:  {_what(s, sd)}"]
         if r is not None and s is not None:
             seen = {j["job"]: j for j in s["jobs"]}
+            live = {j["job"] for j in r["jobs"]}
+            lines += [
+                f"  job {j['job']}: the simulator sees it {j['state']}, the real run does not"
+                for j in s["jobs"] if j["job"] not in live
+            ]
             for j in r["jobs"]:
                 o = seen.get(j["job"])
                 if o is None:

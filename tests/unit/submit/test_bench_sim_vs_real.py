@@ -184,3 +184,6 @@ def test_first_divergence_names_the_round_and_what_each_side_saw(bench: ModuleTy
         "first round that differs: 60 s", "  real: suspend 1", "  sim:  nothing"
     ]
     assert "job 1 (real vs sim): service 60.0 vs 52.0" in got
+    sim[1] = rnd(60.0, [("1", "running", 60.0), ("2", "running", 1.0)], [])
+    got = bench.first_divergence(real, sim, t0, 3.0)
+    assert got is not None and "job 2: the simulator sees it running, the real run does not" in got
