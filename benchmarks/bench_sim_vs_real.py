@@ -355,11 +355,12 @@ class WorkloadSimulator(Simulator):
         took = self._measured("launch", self.launches, d.job_id)
         return took if took is not None else super().launch_seconds(d)
 
-    def startup(self, d: Decision, gpus: int, crowd: float) -> float:
-        """With `replay`, a job's n-th start / resume / move costs what its n-th one cost in the real run
-        (the model when the real job had fewer)."""
-        cost = self._measured("startup", self.replay, d.job_id)
-        return cost if cost is not None else super().startup(d, gpus, crowd)
+    def training_begins(self, d: Decision, gpus: int, crowd: float, t: float, ready: float) -> float:
+        """With `replay`, a job's n-th start / resume / move trains as long after its round's tick as it
+        did in the real run (that includes waiting for the GPUs' previous jobs to checkpoint; the model
+        when the real job had fewer)."""
+        took = self._measured("startup", self.replay, d.job_id)
+        return max(ready, t + took) if took is not None else super().training_begins(d, gpus, crowd, t, ready)
 
     def make_jobs(self) -> list[Any]:
         recs = super().make_jobs()

@@ -620,7 +620,7 @@ class Simulator:
                 touched.add(k)
                 if k not in mine:
                     ready = max(ready, busy_until.get(k, 0.0))
-            r.dead_until = ready + self.startup(d, new.count, crowd)
+            r.dead_until = self.training_begins(d, new.count, crowd, t, ready)
             r.began = t
             r.counted_from = t + self.launch_seconds(d)
             running[d.job_id] = r
@@ -649,6 +649,11 @@ class Simulator:
         """Seconds from decision `d` (not a suspend) to Slurm running the job, when the controller opens
         its slice and service starts to count (`launch`). A subclass may replay measured times."""
         return self.config.overheads.launch
+
+    def training_begins(self, d: Decision, gpus: int, crowd: float, t: float, ready: float) -> float:
+        """When a job started, resumed or moved by decision `d` at `t` trains again: its start-up after its
+        GPUs are free (`ready`: the jobs that left them have checkpointed). A subclass may replay it."""
+        return ready + self.startup(d, gpus, crowd)
 
     def startup(self, d: Decision, gpus: int, crowd: float) -> float:
         """Seconds without progress after decision `d` (a start, resume or move onto `gpus` GPUs), `crowd`

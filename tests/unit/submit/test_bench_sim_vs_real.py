@@ -187,3 +187,18 @@ def test_first_divergence_names_the_round_and_what_each_side_saw(bench: ModuleTy
     sim[1] = rnd(60.0, [("1", "running", 60.0), ("2", "running", 1.0)], [])
     got = bench.first_divergence(real, sim, t0, 3.0)
     assert got is not None and "job 2: the simulator sees it running, the real run does not" in got
+
+
+def test_replayed_start_up_counts_from_the_rounds_tick(bench: ModuleType) -> None:
+    """A replayed start-up was measured from its round's tick, waiting for the GPUs' previous job to
+    checkpoint included: the simulator does not add that wait again (it did: 0.6 s later, a tick late)."""
+    from types import SimpleNamespace
+
+    from slurm_gandiva.model import GpuRef, Placement
+    from slurm_gandiva.plan import Action, Decision
+
+    d = Decision(Action.START, "9", Placement((GpuRef("n2", 1),)), "time-slice")
+    stub = SimpleNamespace(_measured=lambda kind, table, job_id: 9.58, replay={"9": [9.58]})
+    begins = bench.WorkloadSimulator.training_begins
+    assert begins(stub, d, 1, 0.0, 90.0, 90.6) == pytest.approx(99.58)  # not 90.6 + 9.58
+    assert begins(stub, d, 1, 0.0, 90.0, 100.5) == pytest.approx(100.5)  # never before its GPUs are free
