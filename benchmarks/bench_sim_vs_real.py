@@ -273,12 +273,16 @@ def measure(state_dir: Path, real: DemoResult, fallback: Overheads) -> Measured:
     took = round_times([(i, o) for _, i, o in acted], real.tick, [r["at"] for r in rounds if r["decisions"]])
     for (jid, _, _), t in zip(acted, took, strict=True):
         acts.setdefault(jid, []).append(t)
+
+    def tick_of(k: int) -> float:
+        """The tick that began the round of decision `acted[k]`."""
+        return acted[k][2] - took[k]
+
     for jid, k, began in replayed:
-        tick_at = acted[k][2] - took[k] if k is not None else began
-        by_job.setdefault(jid, []).append(began - tick_at)
+        by_job.setdefault(jid, []).append(began - (tick_of(k) if k is not None else began))
     launched: dict[str, list[float]] = {}
     for jid, k, at in opened:
-        launched.setdefault(jid, []).append(max(0.0, at - (acted[k][2] - took[k])))
+        launched.setdefault(jid, []).append(max(0.0, at - tick_of(k)))
     stops: dict[str, list[float]] = {}
     for jid, k in stopped:
         stops.setdefault(jid, []).append(took[k])
@@ -490,12 +494,12 @@ def simulate(
     Each job arrives `lag[job]` s after its submission (when the controller registered it); the policy
     sees the submission time the controller saw (`policy_submit`: Slurm's, in whole seconds, so jobs
     submitted in the same second tie as they did live). Returns the result and each job's simulated JCT
-    counted from its real submission. With `replay`, each job's start-ups cost what they did in the real
-    run, event by event (`WorkloadSimulator.startup`), and with `exits` each job's exit too, with `launches`
-    each job's slice opening (when its service starts to count), with `stops` each suspend's (when it
-    stops); `rounds` collects each round's record
-    (`round_record`, simulated seconds); with `own_rates` each job trains at its own measured rates (jobs
-    that share a node's two cores differ by a few percent), else at the medians over all jobs."""
+    counted from its real submission. With `replay`, each job's start-ups take what they did in the real
+    run, event by event (`WorkloadSimulator.training_begins`); with `exits` each job's exit too, with
+    `launches` each slice's opening (when its service starts to count), with `stops` each suspend's slice
+    close. `rounds` collects each round's record (`round_record`, simulated seconds). With `own_rates`
+    each job trains at its own measured rates (jobs that share a node's two cores differ by a few
+    percent), else at the medians over all jobs."""
     shared = speed_profile(real)
     profiles = {MODEL: shared}
     lag = lag or {}
