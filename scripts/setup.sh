@@ -18,6 +18,21 @@ step() {  # step DESCRIPTION CMD...: run quietly, show the output if it fails
 }
 sudo_=""
 [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+# Slurm runs jobs as their owners (the demo's and the tests' users): they exec this checkout's venv, so
+# other users must be able to reach it. Directories above it that keep others out (mktemp -d makes 0700
+# ones) get traverse permission only (o+x: no listing); a home directory is left alone, with what to do.
+d=$root
+while [ "$d" != "/" ]; do
+  if [ $((0$(stat -c %a "$d") & 1)) -eq 0 ]; then
+    if getent passwd | cut -d: -f6 | grep -qxF "$d"; then
+      echo "setup: jobs run as other users, who cannot enter $d (a home directory): clone the project elsewhere (e.g. under /srv) or run: chmod o+x $d" >&2
+      exit 1
+    fi
+    step "chmod o+x $d" $sudo_ chmod o+x "$d"
+    echo "setup: gave other users traverse permission (o+x, no listing) on $d: jobs run as them reach the checkout through it"
+  fi
+  d=$(dirname "$d")
+done
 need=()
 for pkg in slurm-wlm slurmctld slurmd slurm-client munge postgresql lua5.1 python3-venv; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
@@ -42,6 +57,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   step "torch install" .venv/bin/pip install -q torch==2.13.0
   step "project install" .venv/bin/pip install -q -e ".[controller,dev]"
   touch "$stamp"
+fi
+if [ "$(id -u)" -eq 0 ] && ! runuser -u nobody -- test -x "$root/.venv/bin/python" 2>/dev/null; then
+  echo "setup: other users cannot run $root/.venv/bin/python (jobs run as them): make the checkout readable, e.g. chmod -R o+rX $root" >&2
+  exit 1
 fi
 torch_v=$(.venv/bin/python -c 'import torch; print(torch.__version__)')
 slurm_v=$(dpkg-query -W -f '${Version}' slurm-client 2>/dev/null || echo "?")
