@@ -59,3 +59,8 @@ class TraceError(GandivaError):
     """A malformed trace file."""
 
     exit_code = 2
+
+
+class JobFileError(GandivaError):
+    """A job's own file (progress, status, spec, events) that the controller refuses to read: a link, a
+    FIFO, a directory, too big, owned by someone else, or not UTF-8 JSON. Affects that job only."""

@@ -85,12 +85,13 @@ class QueueRow:
     slices: int
     rate: float | None
     progress: str
+    reason: str = ""  # why the job's own files were refused, when they were
 
     def as_json(self) -> dict[str, object]:
         return {
             "job_id": self.job_id, "user": self.user, "name": self.name, "state": self.state,
             "gpus": self.gpus, "request": self.want, "slices": self.slices, "rate": self.rate,
-            "progress": self.progress,
+            "progress": self.progress, "reason": self.reason,
         }
 
 
@@ -99,7 +100,9 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
     from pathlib import Path
 
     from slurm_gandiva.controller.observe import held_placement, is_managed, slurm_state
-    from slurm_gandiva.requeue.contract import JobFiles, read_progress
+    from slurm_gandiva.errors import JobFileError
+    from slurm_gandiva.requeue.contract import JobFiles
+    from slurm_gandiva.requeue.safe_read import owner_uids, read_job_progress
 
     snap = backend.snapshot()
     rows: list[QueueRow] = []
@@ -112,7 +115,13 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
         placement = held_placement(sj) if sj.running else None
         rates = store.rates(sj.job_id)
         root = Path(rec.state_dir) if rec and rec.state_dir else cfg.job_root / sj.job_id
-        prog = read_progress(JobFiles(root).progress)
+        reason = ""
+        try:  # the job's own file: never follow a link or wait on a FIFO there (squeue may run as root)
+            prog = read_job_progress(JobFiles(root).progress, owner=sj.user)
+        except JobFileError as exc:
+            prog = None
+            if os.geteuid() in owner_uids(sj.user):  # the reason is for who can act on it
+                reason = str(exc)
         rate = prog.samples_per_s if (prog is not None and sj.running and prog.samples_per_s > 0) else None
         if rate is None and rates:
             rate = rates[-1].rate
@@ -126,16 +135,16 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
             done = f"{prog.samples}/{prog.total_samples}" if prog.total_samples else f"{prog.samples}"
         rows.append(
             QueueRow(sj.job_id, sj.user, sj.name, state.value, str(placement) if placement else "-", want,
-                     len(slices), rate, done)
+                     len(slices), rate, done, reason)
         )
     return rows
 
 
 def format_rows(rows: list[QueueRow]) -> str:
-    head = ("JOBID", "USER", "NAME", "STATE", "GPUS", "REQ", "SLICES", "RATE", "PROGRESS")
+    head = ("JOBID", "USER", "NAME", "STATE", "GPUS", "REQ", "SLICES", "RATE", "PROGRESS", "REASON")
     table = [head] + [
         (r.job_id, r.user, r.name[:16], r.state, r.gpus, r.want, str(r.slices),
-         f"{r.rate:.1f}/s" if r.rate is not None else "-", r.progress or "-")
+         f"{r.rate:.1f}/s" if r.rate is not None else "-", r.progress or "-", r.reason or "-")
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]

@@ -67,7 +67,7 @@ class ProgressLike(Protocol):
     def started(self) -> float | None: ...
 
 
-ProgressReader = Callable[[Path], "ProgressLike | None"]
+ProgressReader = Callable[[Path, str], "ProgressLike | None"]  # (progress.json, the job's user)
 
 
 def is_managed(job: SlurmJob, partitions: Iterable[str]) -> bool:
@@ -329,6 +329,7 @@ class Observation:
     managed: Mapping[str, SlurmJob] = field(default_factory=dict)  # job id -> Slurm job (not finished)
     records: Mapping[str, JobRecord] = field(default_factory=dict)
     progress: Mapping[str, ProgressLike] = field(default_factory=dict)
+    problems: Mapping[str, str] = field(default_factory=dict)  # job id -> why its files were refused
 
     def needs_admin_hold(self) -> tuple[SlurmJob, ...]:
         """Managed pending jobs that only a user hold (or no hold) keeps from Slurm's own scheduling."""

@@ -10,6 +10,7 @@ node failure, adopted after a crash between release and record).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,15 +24,16 @@ from slurm_gandiva.controller.act import (
     finished_slice_end,
 )
 from slurm_gandiva.controller.observe import held_placement, is_managed, requested_gpu_count
-from slurm_gandiva.errors import GandivaError
+from slurm_gandiva.errors import GandivaError, JobFileError
 from slurm_gandiva.model import GpuRef, JobState, Placement
 from slurm_gandiva.plan import Action
 from slurm_gandiva.requeue.contract import JobFiles
 from slurm_gandiva.requeue.protocol import Outcome, Phase, phase
+from slurm_gandiva.requeue.safe_read import MAX_TAIL_BYTES, read_job_outcome, read_job_text
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, Snapshot
 from slurm_gandiva.store.api import DecisionRecord, JobRecord, SliceEnd, StoreApi
 from slurm_gandiva.store.api import Outcome as StoreOutcome
-from slurm_gandiva.submit.spec import fallback_spec, read_spec
+from slurm_gandiva.submit.spec import fallback_spec, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +51,13 @@ class Finding:
     detail: str
 
 
-def _status_outcome(files: JobFiles) -> str | None:
-    import json
-
+def _status_outcome(files: JobFiles, owner: str) -> str | None:
+    """The wrapper's last reported outcome; None when there is none or the file is refused (logged)."""
     try:
-        data = json.loads(files.status.read_text())
-    except (OSError, ValueError):
+        return read_job_outcome(files.status, owner=owner)
+    except JobFileError as exc:
+        log.warning("reconcile: %s", exc)
         return None
-    out = data.get("outcome") if isinstance(data, dict) else None
-    return out if isinstance(out, str) else None
 
 
 class Reconciler:
@@ -83,6 +83,7 @@ class Reconciler:
         self.spec_grace = spec_grace
         self.stop_timeout = stop_timeout
         self.sleep = sleep
+        self._refused_specs: dict[str, str] = {}  # job id -> why its spec file was refused (noted once)
 
     def _note(self, out: list[Finding], kind: str, job_id: str, detail: str) -> None:
         log.info("reconcile: job %s: %s: %s", job_id, kind, detail)
@@ -113,7 +114,13 @@ class Reconciler:
         return tuple(out)
 
     def _register(self, sj: SlurmJob, now: float, out: list[Finding]) -> JobRecord | None:
-        spec = read_spec(self.jobs_root, sj.job_id, owner=sj.user)
+        try:
+            spec = load_spec(self.jobs_root, sj.job_id, owner=sj.user)
+        except JobFileError as exc:
+            if self._refused_specs.get(sj.job_id) != str(exc):
+                self._refused_specs[sj.job_id] = str(exc)
+                self._note(out, "spec-refused", sj.job_id, str(exc))
+            spec = None
         if spec is None:
             if sj.submit_time and now - sj.submit_time < self.spec_grace and not sj.running:
                 return None  # gandiva sbatch writes the spec right after sbatch returns
@@ -178,7 +185,7 @@ class Reconciler:
         sj = next((j for j in snap.jobs if j.job_id == rec.job_id), None)
         if sj is not None and not sj.finished:
             return  # still there but no longer managed (comment or partition changed): leave it be
-        outcome = _status_outcome(JobFiles(Path(rec.state_dir))) if rec.state_dir else None
+        outcome = _status_outcome(JobFiles(Path(rec.state_dir)), rec.user) if rec.state_dir else None
         if sj is not None:
             reason = finished_slice_end(sj.state)
         elif outcome == "done":
@@ -259,17 +266,18 @@ class Reconciler:
         rec = self.store.get_job(d.job_id)
         events = JobFiles(Path(rec.state_dir) if rec and rec.state_dir else self.jobs_root / d.job_id).events
         try:
-            lines = events.read_text(errors="replace").splitlines()
-        except OSError:
+            text = read_job_text(events, owner=rec.user if rec else "root", max_bytes=MAX_TAIL_BYTES, tail=True)
+        except JobFileError as exc:
+            log.warning("recover: %s", exc)
             return False
-        import json
-
+        lines = (text or "").splitlines()
         for line in reversed(lines):
             try:
                 ev = json.loads(line)
-            except ValueError:
+                at = float(ev.get("time", 0)) if isinstance(ev, dict) and ev.get("event") == "signal" else None
+            except (ValueError, TypeError, RecursionError):
                 continue
-            if isinstance(ev, dict) and ev.get("event") == "signal" and float(ev.get("time", 0)) >= d.intent_at:
+            if at is not None and at >= d.intent_at:
                 return True
         return False
 

@@ -13,6 +13,7 @@ share one lock, so one plan is carried out at a time. Any exception in a job is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -32,15 +33,17 @@ from slurm_gandiva.controller.observe import (
     JobInputs,
     Observation,
     ProgressLike,
+    ProgressReader,
     build_view,
     foreign_gpus,
     is_managed,
 )
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
-from slurm_gandiva.errors import ConfigError, GandivaError
+from slurm_gandiva.errors import ConfigError, GandivaError, JobFileError
 from slurm_gandiva.model import ClusterView, GpuRef, Placement, Topology, Trial, TrialKind
 from slurm_gandiva.plan import Action, Plan, apply_decision
-from slurm_gandiva.requeue.contract import JobFiles, read_progress
+from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.requeue.safe_read import read_job_progress
 from slurm_gandiva.selector.base import Policy
 from slurm_gandiva.slurm.base import SlurmBackend, Snapshot
 from slurm_gandiva.store.api import StoreApi
@@ -104,7 +107,7 @@ class Controller:
         policy: Policy | None = None,
         protocol: ProtocolLike | None = None,
         topology: Topology | None = None,
-        progress_reader: Callable[[Path], ProgressLike | None] | None = None,
+        progress_reader: ProgressReader | None = None,
         config_path: str | os.PathLike[str] | None = None,
         crash_at: str | None = None,
     ) -> None:
@@ -115,7 +118,8 @@ class Controller:
         self.config_path = config_path
         self.policy = policy if policy is not None else make_configured_policy(config)
         self.topology = topology if topology is not None else load_topology(config)
-        self.read_progress: Callable[[Path], ProgressLike | None] = progress_reader or read_progress
+        self.read_progress: ProgressReader = progress_reader or _read_progress
+        self.file_problems: dict[str, str] = {}  # job id -> why its files were refused (last tick)
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._lock = threading.Lock()
@@ -174,9 +178,10 @@ class Controller:
                 slices_by_job.setdefault(s.job_id, []).append(s)
         progress: dict[str, ProgressLike] = {}
         inputs: list[JobInputs] = []
+        problems: dict[str, str] = {}
         for jid, rec in records.items():
             files = JobFiles(Path(rec.state_dir) if rec.state_dir else self.config.job_root / jid)
-            prog = self.read_progress(files.progress)
+            prog = self._progress_of(jid, files.progress, managed[jid].user, problems)
             if prog is not None:
                 progress[jid] = prog
             inputs.append(
@@ -191,9 +196,33 @@ class Controller:
                     speedup=self.speedup(rec.spec.model, rec.spec.max_gpus) if rec.spec.elastic else None,
                 )
             )
+        self._note_file_problems(problems)
         now = self.clock()
         view = build_view(self.topology, snap.nodes, inputs, foreign_gpus(snap.jobs, self.config.partitions), now)
-        return Observation(view, snap, managed, records, progress)
+        return Observation(view, snap, managed, records, progress, problems)
+
+    def _progress_of(self, job_id: str, path: Path, user: str, problems: dict[str, str]) -> ProgressLike | None:
+        """The job's progress report; a refused or unreadable file is noted in `problems` and read as none:
+        it affects this job alone (no measured rate), never the round."""
+        try:
+            return self.read_progress(path, user)
+        except JobFileError as exc:
+            problems[job_id] = str(exc)
+        except Exception as exc:  # a reader bug must not stop everyone's round either
+            problems[job_id] = f"{path}: cannot read it ({type(exc).__name__}: {exc})"
+        return None
+
+    def _note_file_problems(self, problems: dict[str, str]) -> None:
+        """Log and record each job's file problem once (when it appears or changes), and when it is fixed."""
+        now = self.clock()
+        for jid, why in problems.items():
+            if self.file_problems.get(jid) != why:
+                log.warning("job %s: %s", jid, why)
+                with contextlib.suppress(Exception):
+                    self.store.record_event("job-file-refused", jid, why, now)
+        for jid in self.file_problems.keys() - problems.keys():
+            log.info("job %s: its files are readable again", jid)
+        self.file_problems = problems
 
     def _last_placements(self, plan: Plan) -> dict[str, Placement]:
         """Where the jobs this plan resumes last ran (one store query)."""
@@ -483,6 +512,11 @@ class Controller:
                 f"{self.config.source}: cannot serve metrics on port {self.config.metrics_port} ({exc}); "
                 "pick a free metrics_port or 0 to turn it off"
             ) from None
+
+
+def _read_progress(path: Path, user: str) -> ProgressLike | None:
+    """The default progress reader: the job's progress.json read as untrusted input (see safe_read)."""
+    return read_job_progress(path, owner=user)
 
 
 def finishing(prog: ProgressLike) -> bool:

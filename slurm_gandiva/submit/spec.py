@@ -13,7 +13,7 @@ first run:
 3. The same JSON is embedded in the batch script as one line ``# gandiva-spec: {...}`` (see
    `spec_from_script`), so the spec also travels with the job inside Slurm.
 
-The controller calls `read_spec(jobs_root, job_id, owner=job.user)`. It returns None while the file is
+The controller calls `load_spec(jobs_root, job_id, owner=job.user)`. It returns None while the file is
 missing (the job is held, so nothing is lost by waiting a tick); for a marked job that has no spec after a
 grace period (plain `sbatch` of a script that calls gandiva-wrapper), use `fallback_spec`, which makes a
 rigid job from the GPU count Slurm reports. A spec file not owned by the job's user (or root) is ignored:
@@ -33,13 +33,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import re
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from slurm_gandiva.errors import JobFileError
 from slurm_gandiva.model import JobSpec
+from slurm_gandiva.requeue.safe_read import read_job_text
 
 SPEC_VERSION = 1
 SPEC_DIR = "spec"  # under the jobs root
@@ -179,24 +180,34 @@ def write_spec(jobs_root: str | os.PathLike[str], spec: SubmitSpec) -> Path:
     return final
 
 
-def read_spec(jobs_root: str | os.PathLike[str], job_id: str, owner: str | None = None) -> SubmitSpec | None:
-    """The spec of `job_id`, or None when there is none (yet), it is malformed, or, when `owner` is
-    given, the file is owned by neither `owner` nor root or names another user or job."""
+def load_spec(jobs_root: str | os.PathLike[str], job_id: str, owner: str | None = None) -> SubmitSpec | None:
+    """The spec of `job_id`, or None while there is none; JobFileError (one line) when the file is
+    refused (a link, a FIFO, too big, not JSON, malformed) or, when `owner` is given, owned by neither
+    `owner` nor root, or names another user or job. Read as untrusted input (see requeue.safe_read)."""
     try:
         path = spec_path(jobs_root, job_id)
-        st = path.stat()
-        text = path.read_text(encoding="utf-8")
+    except ValueError as exc:
+        raise JobFileError(f"{exc}: a spec is named after its Slurm job id") from None
+    text = read_job_text(path, owner=owner)
+    if text is None:
+        return None
+    try:
         spec = SubmitSpec.from_json(text)
-    except (OSError, ValueError):
-        return None
+    except ValueError as exc:
+        raise JobFileError(f"{path} is not a job spec ({exc}): refused; resubmit the job") from None
     if spec.job_id != job_id:
-        return None
-    if owner is not None:
-        if spec.user != owner:
-            return None
-        if st.st_uid != 0 and _user_name(st.st_uid) != owner:
-            return None
+        raise JobFileError(f"{path} is the spec of job {spec.job_id!r}, not of job {job_id}: refused")
+    if owner is not None and spec.user != owner:
+        raise JobFileError(f"{path} names user {spec.user!r}, not the job's user {owner}: refused")
     return spec
+
+
+def read_spec(jobs_root: str | os.PathLike[str], job_id: str, owner: str | None = None) -> SubmitSpec | None:
+    """`load_spec`, with None for a refused file too."""
+    try:
+        return load_spec(jobs_root, job_id, owner)
+    except JobFileError:
+        return None
 
 
 def spec_from_script(script: str) -> SubmitSpec | None:
@@ -214,10 +225,3 @@ def fallback_spec(job_id: str, user: str, gpus: int, submitted: float = 0.0, nam
     """A rigid spec for a marked job submitted without `gandiva sbatch` (no spec file)."""
     n = max(1, gpus)
     return SubmitSpec(job_id=job_id, user=user, min_gpus=n, max_gpus=n, name=name, submitted=submitted)
-
-
-def _user_name(uid: int) -> str | None:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None

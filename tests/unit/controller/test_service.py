@@ -64,7 +64,7 @@ def make(
         policy=policy or Toy(),
         protocol=FakeProtocol(backend),
         topology=TOPO,
-        progress_reader=lambda _p: None,
+        progress_reader=lambda _p, _u: None,
     )
     return ctl, backend, store
 
@@ -229,7 +229,7 @@ def test_a_failed_move_is_not_retried_for_a_quantum(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'g.db'}")
     cfg = parse_config(f"state_dir = {tmp_path}\ntick = 1\nquantum = 30\n")
     ctl = Controller(cfg, backend, store, lambda: clock[0], policy=Toy(), protocol=proto, topology=TOPO,
-                     progress_reader=lambda _p: None)
+                     progress_reader=lambda _p, _u: None)
     ctl.tick()
     assert len(proto.calls) == 1
     clock[0] += 10
