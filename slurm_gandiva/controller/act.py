@@ -71,6 +71,59 @@ class ProtocolLike(Protocol):
     def resize(self, job_id: str, placement: Placement) -> OpResult: ...
 
 
+class JobSignals:
+    """A ProtocolLike that stops each job with the signal that job catches (`gandiva sbatch --signal`,
+    recorded with the job; the configured signal for jobs without one).
+
+    RequeueProtocol sends one signal; this keeps one protocol per signal, made by `make(signal)`, and
+    routes every operation on a job to the protocol of its signal. A job's signal never changes, so each
+    job's credential-guard bookkeeping stays within one protocol.
+    """
+
+    def __init__(self, make: Callable[[str], ProtocolLike], signal_of: Callable[[str], str], default: str) -> None:
+        self.make = make
+        self.signal_of = signal_of
+        self.default = default
+        self._by_signal: dict[str, ProtocolLike] = {}
+        self._lock = threading.Lock()
+
+    def signal_for(self, job_id: str) -> str:
+        """The signal `job_id` is stopped with."""
+        try:
+            return self.signal_of(job_id) or self.default
+        except Exception:
+            log.exception("job %s: its signal is unknown; using the configured %s", job_id, self.default)
+            return self.default
+
+    def protocol_for(self, job_id: str) -> ProtocolLike:
+        sig = self.signal_for(job_id)
+        with self._lock:
+            if sig not in self._by_signal:
+                self._by_signal[sig] = self.make(sig)
+            return self._by_signal[sig]
+
+    def configure(self, default: str, **settings: float) -> None:
+        """A reload: the configured signal and protocol settings (e.g. suspend_timeout) for every protocol."""
+        with self._lock:
+            self.default = default
+            for proto in self._by_signal.values():
+                for name, value in settings.items():
+                    if hasattr(proto, name):
+                        setattr(proto, name, value)
+
+    def suspend(self, job_id: str) -> OpResult:
+        return self.protocol_for(job_id).suspend(job_id)
+
+    def resume(self, job_id: str, placement: Placement) -> OpResult:
+        return self.protocol_for(job_id).resume(job_id, placement)
+
+    def migrate(self, job_id: str, placement: Placement) -> OpResult:
+        return self.protocol_for(job_id).migrate(job_id, placement)
+
+    def resize(self, job_id: str, placement: Placement) -> OpResult:
+        return self.protocol_for(job_id).resize(job_id, placement)
+
+
 @dataclass(frozen=True)
 class ActResult:
     """How one decision went."""

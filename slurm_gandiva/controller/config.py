@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_gandiva.errors import ConfigError, PermissionDenied
-from slurm_gandiva.requeue.contract import signal_from_name
+from slurm_gandiva.requeue.contract import suspend_signal
 
 DEFAULT_CONFIG_PATHS = ("/etc/gandiva/gandiva.conf", "etc/gandiva.conf")
 CONFIG_ENV = "GANDIVA_CONF"
@@ -90,9 +90,15 @@ def _partitions(v: str) -> tuple[str, ...]:
     return parts
 
 
+class _Refused(ValueError):
+    """A value refused with its own one-line reason (said instead of the key's generic message)."""
+
+
 def _signal(v: str) -> str:
-    signal_from_name(v)
-    return v.strip().upper().removeprefix("SIG")
+    try:
+        return suspend_signal(v).name.removeprefix("SIG")
+    except ValueError as exc:
+        raise _Refused(f"signal = {v}: {exc}") from None
 
 
 def _policy_name(v: str) -> str:
@@ -188,6 +194,8 @@ def parse_config(text: str, source: str = "gandiva.conf") -> ControllerConfig:
             raise ConfigError(f"{where}: {msg}")
         try:
             values[name] = parse(value)
+        except _Refused as exc:
+            raise ConfigError(f"{where}: {exc}") from None
         except (ValueError, TypeError):
             raise ConfigError(f"{where}: {msg}") from None
     cfg = ControllerConfig(policy_params=tuple(sorted(params.items())), source=source, **values)  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from slurm_gandiva.controller.observe import held_placement, is_managed, request
 from slurm_gandiva.errors import GandivaError, JobFileError
 from slurm_gandiva.model import GpuRef, JobState, Placement
 from slurm_gandiva.plan import Action
-from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.requeue.contract import JobFiles, suspend_signal
 from slurm_gandiva.requeue.protocol import Outcome, Phase, phase
 from slurm_gandiva.requeue.safe_read import MAX_TAIL_BYTES, read_job_outcome, read_job_text
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, Snapshot
@@ -121,6 +121,7 @@ class Reconciler:
                 self._refused_specs[sj.job_id] = str(exc)
                 self._note(out, "spec-refused", sj.job_id, str(exc))
             spec = None
+        asked = spec.signal if spec is not None else ""
         if spec is None:
             if sj.submit_time and now - sj.submit_time < self.spec_grace and not sj.running:
                 return None  # gandiva sbatch writes the spec right after sbatch returns
@@ -132,9 +133,22 @@ class Reconciler:
             state=JobState.QUEUED,
             partition=sj.partition,
             state_dir=str(self.jobs_root / sj.job_id),
+            signal=self._job_signal(sj, asked, out),
         )
         self._note(out, "registered", sj.job_id, f"{job_spec.min_gpus}:{job_spec.max_gpus} GPUs, user {sj.user}")
         return rec
+
+    def _job_signal(self, sj: SlurmJob, asked: str, out: list[Finding]) -> str:
+        """The signal the job's wrapper catches, as `gandiva sbatch --signal` recorded it in the spec ("" for
+        a job without a spec: the controller's configured signal). One a job cannot be suspended with (a
+        spec edited after submission) is noted and replaced by the configured signal."""
+        if not asked:
+            return ""
+        try:
+            return suspend_signal(asked).name.removeprefix("SIG")
+        except ValueError as exc:
+            self._note(out, "signal-refused", sj.job_id, f"{exc}; suspending it with the configured signal")
+            return ""
 
     def _settle_slurm_job(self, sj: SlurmJob, now: float, out: list[Finding]) -> None:
         jid = sj.job_id

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult, ProtocolLike
+from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult, JobSignals, ProtocolLike
 from slurm_gandiva.controller.config import ControllerConfig, load_config
 from slurm_gandiva.controller.observe import (
     JobInputs,
@@ -145,15 +145,24 @@ class Controller:
         self._reconciled = False
 
     def _make_protocol(self) -> ProtocolLike:
+        """The requeue protocol, stopping each job with its own signal (see JobSignals)."""
         from slurm_gandiva.requeue.protocol import RequeueProtocol
 
-        return RequeueProtocol(
-            self.backend,
-            signal_name=self.config.signal,
-            suspend_timeout=self.config.suspend_timeout,
-            journal=self.actor.journal,
-            jobs_root=self.config.job_root,
-        )
+        def make(sig: str) -> ProtocolLike:
+            return RequeueProtocol(
+                self.backend,
+                signal_name=sig,
+                suspend_timeout=self.config.suspend_timeout,
+                journal=self.actor.journal,
+                jobs_root=self.config.job_root,
+            )
+
+        return JobSignals(make, self._job_signal, self.config.signal)
+
+    def _job_signal(self, job_id: str) -> str:
+        """The signal recorded with the job ("" when none was: the configured one)."""
+        rec = self.store.get_job(job_id)
+        return rec.signal if rec is not None else ""
 
     def _make_reconciler(self) -> Reconciler:
         return Reconciler(
@@ -425,7 +434,9 @@ class Controller:
             old = self.config
             self.config, self.policy, self.topology = cfg, policy, topo
             proto: Any = self.protocol
-            if hasattr(proto, "signal_name"):
+            if isinstance(proto, JobSignals):
+                proto.configure(cfg.signal, suspend_timeout=cfg.suspend_timeout)
+            elif hasattr(proto, "signal_name"):
                 proto.signal_name = cfg.signal
                 proto.suspend_timeout = cfg.suspend_timeout
             self.reconciler = self._make_reconciler()

@@ -56,7 +56,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=os.environ.get(JOBS_ROOT_ENV),
         help=f"directory of the per-job state dirs, to check the wrapper's status (default ${JOBS_ROOT_ENV})",
     )
-    p.add_argument("--signal", default="USR2", help="signal that asks the wrapper to stop (default USR2)")
+    p.add_argument("--signal", default="USR2",
+                   help="signal that asks the wrapper to stop (default USR2; the job's own --signal)")
     p.add_argument("--start-timeout", type=float, default=60.0, help="seconds to wait for RUNNING (default 60)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -69,6 +70,16 @@ def _gpu_list(text: str) -> tuple[int, ...]:
     if not gpus or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
         raise argparse.ArgumentTypeError(f"{text!r}: give distinct GPU indices like 0,2")
     return gpus
+
+
+def _signal(text: str) -> str:
+    """The signal name Slurm takes; BadRequest (one line) for one a job cannot be suspended with."""
+    from slurm_gandiva.requeue.contract import suspend_signal
+
+    try:
+        return suspend_signal(text).name.removeprefix("SIG")
+    except ValueError as exc:
+        raise BadRequest(f"--signal {text}: {exc}") from None
 
 
 def _positive(text: str) -> int:
@@ -85,9 +96,10 @@ def _protocol(args: argparse.Namespace) -> RequeueProtocol:
     from slurm_gandiva.requeue.protocol import RequeueProtocol
     from slurm_gandiva.slurm import make_backend
 
+    sig = _signal(args.signal)
     return RequeueProtocol(
         make_backend(dict(os.environ)),
-        signal_name=args.signal,
+        signal_name=sig,
         suspend_timeout=args.timeout,
         start_timeout=args.start_timeout,
         jobs_root=args.jobs_root,

@@ -67,13 +67,45 @@ def signal_from_name(name: str | None) -> signal.Signals:
         return DEFAULT_SIGNAL
     name = name.strip().upper()
     if name.isdigit():
-        return signal.Signals(int(name))
+        try:
+            return signal.Signals(int(name))
+        except ValueError:
+            raise ValueError(f"unknown signal number {name}: use a name like USR2") from None
     if not name.startswith("SIG"):
         name = "SIG" + name
     try:
         return signal.Signals[name]
     except KeyError:
-        raise ValueError(f"unknown signal {name!r}: use a name like USR2 or TERM") from None
+        raise ValueError(f"unknown signal {name!r}: use a name like USR2") from None
+
+
+# Signals the controller may not suspend a job with, and why. The suspend signal must be one the wrapper
+# catches and nothing else in the job uses: KILL and STOP cannot be caught; NCCL installs its own SIGUSR1
+# handler; the wrapper ends the job on TERM, INT and HUP (Slurm's scancel sends TERM); Slurm resumes
+# suspended jobs with CONT; the wrapper reaps its processes on CHLD; the rest report faults.
+REFUSED_SIGNALS: dict[signal.Signals, str] = {
+    signal.SIGKILL: "cannot be caught",
+    signal.SIGSTOP: "cannot be caught",
+    signal.SIGUSR1: "NCCL installs its own SIGUSR1 handler",
+    signal.SIGTERM: "the wrapper ends the job on it (scancel sends it)",
+    signal.SIGINT: "the wrapper ends the job on it",
+    signal.SIGHUP: "the wrapper ends the job on it",
+    signal.SIGCONT: "Slurm resumes suspended jobs with it",
+    signal.SIGCHLD: "the wrapper's processes report their exit with it",
+    **{s: "it reports a fault" for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
+                                          signal.SIGTRAP, signal.SIGABRT, signal.SIGSYS)},
+}
+
+
+def suspend_signal(name: str | None) -> signal.Signals:
+    """`signal_from_name`, refusing a signal a job cannot be suspended with (ValueError, one line)."""
+    sig = signal_from_name(name)
+    why = REFUSED_SIGNALS.get(sig)
+    if why is not None:
+        raise ValueError(
+            f"signal {sig.name.removeprefix('SIG')} cannot suspend a job: {why}; use USR2 (the default)"
+        )
+    return sig
 
 
 def job_files(state_dir: str | os.PathLike[str] | None = None) -> JobFiles:

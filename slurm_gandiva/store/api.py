@@ -73,6 +73,7 @@ class JobRecord:
     state_dir: str
     created: float
     updated: float
+    signal: str = ""  # the signal the job's wrapper catches ("": the controller's configured one)
 
     @property
     def job_id(self) -> str:
@@ -187,8 +188,9 @@ class StoreApi(Protocol):
         state: JobState | None = None,
         partition: str | None = None,
         state_dir: str | None = None,
+        signal: str | None = None,
     ) -> JobRecord:
-        """Insert or update a job. None keeps the stored value (new jobs: QUEUED, "" and "")."""
+        """Insert or update a job. None keeps the stored value (new jobs: QUEUED, "", "" and "")."""
         ...
 
     def get_job(self, job_id: str) -> JobRecord | None: ...

@@ -115,7 +115,12 @@ def _v2(conn: Connection) -> None:
     md.create_all(conn, tables=[md.tables["protocol_steps"], md.tables["rates"]])
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2)
+def _v3(conn: Connection) -> None:
+    """Each job's own suspend signal (`gandiva sbatch --signal`; '' for the controller's configured one)."""
+    conn.execute(sa.text("ALTER TABLE jobs ADD COLUMN suspend_signal VARCHAR(16) NOT NULL DEFAULT ''"))
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3)
 LATEST = len(MIGRATIONS)
 
 

@@ -37,6 +37,7 @@ class JobRow(Base):
     state_dir: Mapped[str] = mapped_column(Text, default="")
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
+    suspend_signal: Mapped[str] = mapped_column(String(16), default="")
 
 
 class SliceRow(Base):

@@ -135,7 +135,9 @@ def _job(row: JobRow) -> JobRecord:
         name=row.name,
         model=row.model,
     )
-    return JobRecord(spec, JobState(row.state), row.partition, row.state_dir, row.created, row.updated)
+    return JobRecord(
+        spec, JobState(row.state), row.partition, row.state_dir, row.created, row.updated, row.suspend_signal or ""
+    )
 
 
 def _slice(row: Any, user: str) -> SliceRecord:
@@ -298,6 +300,7 @@ class Store:
         state: JobState | None = None,
         partition: str | None = None,
         state_dir: str | None = None,
+        signal: str | None = None,
     ) -> JobRecord:
         with self._write() as s:
             row = s.get(JobRow, spec.job_id)
@@ -308,6 +311,7 @@ class Store:
                     partition=partition or "",
                     state_dir=state_dir or "",
                     created=at,
+                    suspend_signal=signal or "",
                 )
                 s.add(row)
             else:
@@ -317,6 +321,8 @@ class Store:
                     row.partition = partition
                 if state_dir is not None:
                     row.state_dir = state_dir
+                if signal is not None:
+                    row.suspend_signal = signal
             row.user = spec.user
             row.name = spec.name
             row.min_gpus = spec.min_gpus

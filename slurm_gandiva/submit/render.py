@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_gandiva.errors import ConfigError
-from slurm_gandiva.requeue.contract import SIGNAL_ENV, STATE_DIR_ENV, signal_from_name
+from slurm_gandiva.requeue.contract import SIGNAL_ENV, STATE_DIR_ENV, suspend_signal
 from slurm_gandiva.submit.spec import SCRIPT_MARKER, SubmitSpec
 
 TEMPLATE = "job.sh.j2"
@@ -32,9 +32,10 @@ def wrapper_path() -> str:
 
 
 def signal_name(sig: str) -> str:
-    """Normalise a signal name ("SIGUSR2", "usr2", "12") to Slurm's form ("USR2")."""
+    """Normalise a signal name ("SIGUSR2", "usr2", "12") to Slurm's form ("USR2"); ConfigError for one a job
+    cannot be suspended with (see contract.REFUSED_SIGNALS)."""
     try:
-        return signal_from_name(sig).name.removeprefix("SIG")
+        return suspend_signal(sig).name.removeprefix("SIG")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from slurm_gandiva.errors import BadRequest
 from slurm_gandiva.model import Topology
+from slurm_gandiva.requeue.contract import suspend_signal
 
 USAGE = (
     "usage: gandiva sbatch [sbatch options] [--gpus N | --gpus MIN:MAX] [--model NAME] "
@@ -183,12 +184,18 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
             total = 0
         if total < 1:
             raise BadRequest(f"--total-samples {ours['--total-samples']!r}: give a positive number of samples")
+    signal: str | None = None
+    if "--signal" in ours:
+        try:
+            signal = suspend_signal(ours["--signal"]).name.removeprefix("SIG")
+        except ValueError as exc:
+            raise BadRequest(f"--signal {ours['--signal']}: {exc}") from None
     return SbatchRequest(
         command=command,
         gpus=GpuRange.parse(ours["--gpus"]) if "--gpus" in ours else GpuRange(1, 1),
         model=ours.get("--model", ""),
         total_samples=total,
-        signal=ours.get("--signal"),
+        signal=signal,
         parsable="parsable" in flags,
         jobs_root=ours.get("--jobs-root"),
         topology=ours.get("--topology"),

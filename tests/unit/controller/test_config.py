@@ -30,7 +30,7 @@ state_dir = /tmp/st
 quantum = 20   # inline comment
 tick = 2
 partitions = gpu, debug
-signal = SIGUSR1
+signal = SIGALRM
 policy = afs-l
 policy.lease = 7200
 [policy]
@@ -41,7 +41,7 @@ packing = yes
     assert cfg.state_dir == Path("/tmp/st")
     assert cfg.quantum == 20.0 and cfg.tick == 2.0
     assert cfg.partitions == ("gpu", "debug")
-    assert cfg.signal == "USR1"
+    assert cfg.signal == "ALRM"
     assert cfg.params == {"lease": 7200, "seed": 3, "packing": True}
     assert cfg.db_url == "sqlite:////tmp/st/gandiva.db"
     assert cfg.job_root == Path("/tmp/st/jobs")
@@ -53,7 +53,10 @@ packing = yes
         ("tick = 5\n\nquantum = -3\n", "gandiva.conf:3: quantum must be a positive number of seconds"),
         ("quantum = soon\n", "gandiva.conf:1: quantum must be a positive number of seconds"),
         ("# x\nbogus = 1\n", "gandiva.conf:2: unknown key 'bogus'"),
-        ("signal = SIGNOPE\n", "gandiva.conf:1: signal must be a signal name"),
+        ("signal = SIGNOPE\n", "gandiva.conf:1: signal = SIGNOPE: unknown signal 'SIGNOPE'"),
+        ("signal = KILL\n", "gandiva.conf:1: signal = KILL: signal KILL cannot suspend a job: cannot be caught"),
+        ("signal = 19\n", "gandiva.conf:1: signal = 19: signal STOP cannot suspend a job: cannot be caught"),
+        ("signal = usr1\n", "gandiva.conf:1: signal = usr1: signal USR1 cannot suspend a job: NCCL installs"),
         ("metrics_port = 70000\n", "gandiva.conf:1: metrics_port must be a port number"),
         ("tick = 1\ntick = 2\n", "gandiva.conf:2: tick is already set on line 1"),
         ("just words\n", "gandiva.conf:1: expected 'key = value'"),

@@ -84,7 +84,7 @@ def test_script_ends_with_exec_of_the_wrapper() -> None:
     assert last == "exec gandiva-wrapper --signal USR2 -- python t.py"
 
 
-@pytest.mark.parametrize("raw,name", [("SIGUSR2", "USR2"), ("usr1", "USR1"), ("15", "TERM")])
+@pytest.mark.parametrize("raw,name", [("SIGUSR2", "USR2"), ("alrm", "ALRM"), ("14", "ALRM")])
 def test_signal_names(raw: str, name: str) -> None:
     assert signal_name(raw) == name
 
@@ -94,3 +94,6 @@ def test_unknown_signal_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="unknown signal"):
         signal_name("NOPE")
+    for refused, why in (("KILL", "cannot be caught"), ("SIGSTOP", "cannot be caught"), ("usr1", "NCCL")):
+        with pytest.raises(ConfigError, match=why):
+            signal_name(refused)

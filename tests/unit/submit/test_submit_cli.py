@@ -183,8 +183,8 @@ def test_resolve_from_the_controller_config(tmp_path: Path) -> None:
     r = resolve_paths(parse_request(["--", "true"]), {"GANDIVA_CONF": str(conf)})
     assert (r.jobs_root, r.topology) == (tmp_path / "jobs-here", tmp_path / "topo.json")
     assert r.signal == "USR2"
-    conf.write_text(conf.read_text() + "signal = SIGTERM\n")
-    assert resolve_paths(parse_request(["--", "true"]), {"GANDIVA_CONF": str(conf)}).signal == "TERM"
+    conf.write_text(conf.read_text() + "signal = SIGALRM\n")
+    assert resolve_paths(parse_request(["--", "true"]), {"GANDIVA_CONF": str(conf)}).signal == "ALRM"
     # a bad config is an error that names it, not a silent fallback
     conf.write_text("quantum = -1\n")
     with pytest.raises(ConfigError, match=r"gandiva\.conf:1"):
@@ -194,12 +194,12 @@ def test_resolve_from_the_controller_config(tmp_path: Path) -> None:
 def test_the_controllers_signal_is_the_default(tmp_path: Path) -> None:
     (tmp_path / "jobs").mkdir()
     conf = tmp_path / "gandiva.conf"
-    conf.write_text(f"state_dir = {tmp_path}\nsignal = TERM\n")
+    conf.write_text(f"state_dir = {tmp_path}\nsignal = ALRM\n")
     be = FakeBackend()
     env = {"GANDIVA_CONF": str(conf)}
     _submit(["--", "true"], be, env)
-    assert "--signal TERM --" in be.submitted[0].script
-    _submit(["--signal", "USR1", "--", "true"], be, env)  # the user's choice wins
-    assert "--signal USR1 --" in be.submitted[1].script
+    assert "--signal ALRM --" in be.submitted[0].script
+    _submit(["--signal", "sigurg", "--", "true"], be, env)  # the user's choice wins
+    assert "--signal URG --" in be.submitted[1].script
     spec = read_spec(tmp_path / "jobs", "101")
-    assert spec is not None and spec.signal == "TERM"
+    assert spec is not None and spec.signal == "ALRM"
