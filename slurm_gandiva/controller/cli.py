@@ -45,21 +45,29 @@ def _logging_to_stderr() -> None:
 
 def cmd_controller(args: argparse.Namespace) -> int:
     from slurm_gandiva.controller.config import check_privilege, load_config
-    from slurm_gandiva.controller.service import Controller
+    from slurm_gandiva.controller.service import Controller, check_config
     from slurm_gandiva.slurm import make_backend
     from slurm_gandiva.store import Store
 
     cfg = load_config(args.config)
     user = check_privilege(cfg)
     if args.check:
-        print(f"{cfg.source}: ok (policy {cfg.policy}, quantum {cfg.quantum:g} s, runs as {user})")
+        env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf is not None else None
+        checked = check_config(cfg, make_backend(env))
+        parts = ",".join(cfg.partitions) or "all partitions"
+        print(
+            f"{cfg.source}: ok (policy {cfg.policy}, quantum {cfg.quantum:g} s, {len(checked.topology.nodes)} "
+            f"nodes, {parts}, {checked.database}, runs as {user})"
+        )
         return 0
     _logging_to_stderr()
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
     env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf is not None else None
+    backend = make_backend(env)
+    check_config(cfg, backend, database=False)  # opening the store below checks the database
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.db_url)
     try:
-        ctl = Controller(cfg, make_backend(env), store, config_path=cfg.source)
+        ctl = Controller(cfg, backend, store, config_path=cfg.source)
         if args.once:
             ctl.reconcile()
             rep = ctl.tick()

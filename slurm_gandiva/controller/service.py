@@ -57,10 +57,10 @@ def make_configured_policy(cfg: ControllerConfig) -> Policy:
     A time-slicing policy (one whose quantum is not None) gets the config's `quantum` unless [policy]
     sets its own.
     """
-    from slurm_gandiva.selector import make_policy
+    from slurm_gandiva.selector import check_params, make_policy
 
-    params = cfg.params
     try:
+        params = check_params(cfg.policy, cfg.params)
         policy = make_policy(cfg.policy, **params)
         if "quantum" not in params and getattr(policy, "quantum", None) is not None:
             policy = make_policy(cfg.policy, **params, quantum=cfg.quantum)
@@ -80,6 +80,55 @@ def load_topology(cfg: ControllerConfig) -> Topology:
             "run `gandiva topology collect` (or devcluster up) to write it"
         )
     return read_topology(cfg.topology_file)
+
+
+def check_partitions(cfg: ControllerConfig, backend: SlurmBackend) -> None:
+    """ConfigError (one line) when a configured partition is not one of Slurm's."""
+    if not cfg.partitions:
+        return
+    known = {p for n in backend.nodes() for p in n.partitions}
+    missing = [p for p in cfg.partitions if p not in known]
+    if missing:
+        have = ", ".join(sorted(known)) or "none"
+        raise ConfigError(
+            f"{cfg.source}: partition {missing[0]!r} does not exist in Slurm (it has {have}); fix partitions"
+        )
+
+
+def check_database_of(cfg: ControllerConfig) -> str:
+    """Whether the controller could open its store (see store.check_database), as a start would."""
+    from slurm_gandiva.store import check_database
+
+    if not cfg.database_url and not cfg.state_dir.is_dir():
+        parent = next((d for d in cfg.state_dir.parents if d.exists()), Path("/"))
+        if cfg.state_dir.exists() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"{cfg.source}: state_dir {cfg.state_dir} cannot be created; fix state_dir")
+        return f"state_dir {cfg.state_dir} and its database will be created"
+    try:
+        return check_database(cfg.db_url)
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.source}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What `check_config` built and found: the policy and topology a start (or reload) would use."""
+
+    config: ControllerConfig
+    policy: Policy
+    topology: Topology
+    database: str
+
+
+def check_config(cfg: ControllerConfig, backend: SlurmBackend, *, database: bool = True) -> Checked:
+    """Everything a start validates, without starting: the policy and its parameters (types, ranges), the
+    topology file, the partitions (against Slurm's) and, with `database`, the store. ConfigError (one line)
+    on the first problem. `gandiva controller --check` and a SIGHUP reload both use it."""
+    policy = make_configured_policy(cfg)
+    topology = load_topology(cfg)
+    check_partitions(cfg, backend)
+    db = check_database_of(cfg) if database else ""
+    return Checked(cfg, policy, topology, db)
 
 
 @dataclass(frozen=True)
@@ -424,8 +473,13 @@ class Controller:
             return False
         try:
             cfg = load_config(self.config_path)
-            policy = make_configured_policy(cfg)
-            topo = load_topology(cfg)
+            if cfg.db_url != self.config.db_url:
+                raise ConfigError(
+                    f"{cfg.source}: the database changed ({self.config.db_url} -> {cfg.db_url}): "
+                    "restart the controller to use another database"
+                )
+            checked = check_config(cfg, self.backend, database=False)  # the running store answers
+            policy, topo = checked.policy, checked.topology
         except GandivaError as exc:
             log.error("reload refused, keeping the running config: %s", exc)
             self.store.record_event("config-reload-refused", None, str(exc), self.clock())

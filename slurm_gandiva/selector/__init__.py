@@ -9,7 +9,10 @@ GPU range and may give any count in it; False: it runs jobs on their requested c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
 from typing import cast
 
 from slurm_gandiva.errors import ConfigError
@@ -45,4 +48,55 @@ def make_policy(name: str, **params: object) -> Policy:
     return cast(Policy, factory(**params))
 
 
-__all__ = ["POLICY_NAMES", "Policy", "make_policy"]
+# Parameters that must be positive (the rest of the numbers: zero or more; `seed`: any whole number).
+_POSITIVE = frozenset({"quantum", "trial_window", "lease", "threshold", "probe"})
+_FRACTION = frozenset({"pack_keep"})  # in (0, 1]
+
+
+def check_params(name: str, params: Mapping[str, object]) -> dict[str, object]:
+    """`params` checked against the policy's parameters, their types and ranges, and converted (an int for
+    a float parameter); ConfigError naming the first bad one. What a config file gives is str, int,
+    float or bool."""
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise ConfigError(f"unknown policy {name!r}: choose one of {', '.join(POLICY_NAMES)}")
+    fields = {f.name for f in dataclasses.fields(factory) if f.init} - {"name"}  # type: ignore[arg-type]
+    unknown = sorted(set(params) - fields)
+    if unknown:
+        raise ConfigError(
+            f"policy {name!r} has no parameter {', '.join(unknown)}: use one of {', '.join(sorted(fields))}"
+        )
+    hints = typing.get_type_hints(factory)
+    return {key: _checked(key, value, hints[key]) for key, value in params.items()}
+
+
+def _checked(key: str, value: object, hint: object) -> object:
+    kinds = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
+    kinds.discard(type(None))
+    bad = f"policy parameter {key} = {value!r}"
+    if kinds == {bool}:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{bad} must be true or false")
+        return value
+    if kinds == {str}:
+        return str(value)
+    if kinds == {int}:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{bad} must be a whole number")
+        number: float = value
+    elif kinds == {float}:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{bad} must be a number")
+        number = float(value)
+    else:
+        return value
+    if key in _FRACTION and not 0 < number <= 1:
+        raise ConfigError(f"{bad} must be a fraction in (0, 1]")
+    if key in _POSITIVE and number <= 0:
+        raise ConfigError(f"{bad} must be positive")
+    if key != "seed" and number < 0:
+        raise ConfigError(f"{bad} must not be negative")
+    return number if kinds == {float} else value
+
+
+__all__ = ["POLICY_NAMES", "Policy", "check_params", "make_policy"]

@@ -6,6 +6,6 @@ implementation in sql.py.
 
 from slurm_gandiva.store import api
 from slurm_gandiva.store.api import *  # noqa: F403
-from slurm_gandiva.store.sql import Store, default_url, normalize_url
+from slurm_gandiva.store.sql import Store, check_database, default_url, normalize_url
 
-__all__ = [*api.__all__, "Store", "default_url", "normalize_url"]
+__all__ = [*api.__all__, "Store", "check_database", "default_url", "normalize_url"]

@@ -196,6 +196,47 @@ def _job_user(s: Session, job_id: str) -> str:
     return s.scalar(sa.select(JobRow.user).where(JobRow.id == job_id)) or ""
 
 
+def check_database(url: str | os.PathLike[str], *, timeout: float = 10.0) -> str:
+    """Whether a controller could open its store at `url`, creating or changing nothing: a SQLite file's
+    directory must be writable (or creatable), a server must answer, and no schema may be newer than this
+    gandiva's. Returns what was found (one line); ConfigError (one line, what to do) when it could not."""
+    u = normalize_url(url)
+    shown = u.render_as_string(hide_password=True)
+    kwargs: dict[str, Any] = {}
+    if u.get_backend_name() == "sqlite":
+        path = Path(str(u.database))
+        if not path.exists():
+            parent = next((d for d in path.parents if d.exists()), Path("/"))
+            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+                raise ConfigError(f"cannot create the database {path}: {parent} is not a writable directory; "
+                                  "fix state_dir or database_url")
+            return f"database {path} will be created"
+        if not path.is_file():
+            raise ConfigError(f"database {path} is not a file: fix state_dir or database_url")
+        kwargs["creator"] = _readonly_sqlite(str(path))
+        target: URL | str = "sqlite://"
+    else:
+        target = u
+        kwargs["connect_args"] = {"connect_timeout": max(1, int(timeout))}
+    try:
+        engine = sa.create_engine(target, **kwargs)
+    except (NoSuchModuleError, ImportError) as exc:
+        raise ConfigError(f"no driver for {u.drivername}: install psycopg[binary] ({exc})") from None
+    try:
+        with engine.connect() as conn:
+            version = current_version(conn)
+    except sa.exc.DBAPIError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc).splitlines()[0]
+        raise ConfigError(f"cannot open database {shown}: {reason}; check database_url and the server") from None
+    finally:
+        engine.dispose()
+    if version > LATEST:
+        raise ConfigError(
+            f"database {shown} has schema version {version}, newer than this gandiva's {LATEST}: upgrade gandiva"
+        )
+    return f"database {shown} answers (schema version {version})"
+
+
 class Store:
     """The controller's history and state. Safe to use from several processes (each its own Store).
 

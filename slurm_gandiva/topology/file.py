@@ -98,17 +98,20 @@ def topology_from_json(doc: Any) -> Topology:
 
 
 def read_topology(path: str | os.PathLike[str]) -> Topology:
-    """Read a topology file; ConfigError naming the path on a missing or malformed file."""
+    """Read a topology file; ConfigError naming the path on a missing or malformed file (one line)."""
     p = Path(path)
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"topology file {p} is not a regular file: point topology_file at the JSON file")
     try:
-        doc = json.loads(p.read_text())
+        doc = json.loads(p.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(
             f"topology file {p} not found: run `gandiva devcluster up` or `gandiva topology collect`"
         ) from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"topology file {p} is not readable JSON ({exc}): regenerate it") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        why = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
+        raise ConfigError(f"topology file {p} is not readable JSON ({why}): regenerate it") from None
     try:
         return topology_from_json(doc)
-    except ValueError as exc:
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ConfigError(f"topology file {p}: {exc}: fix or regenerate it") from None
