@@ -64,3 +64,9 @@ class TraceError(GandivaError):
 class JobFileError(GandivaError):
     """A job's own file (progress, status, spec, events) that the controller refuses to read: a link, a
     FIFO, a directory, too big, owned by someone else, or not UTF-8 JSON. Affects that job only."""
+
+
+class ControllerRunning(GandivaError):
+    """Another controller already holds this state (its database)."""
+
+    exit_code = 7

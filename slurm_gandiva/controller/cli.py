@@ -66,7 +66,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
     check_config(cfg, backend, database=False)  # opening the store below checks the database
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.db_url)
+    lock = None
     try:
+        lock = store.lock_controller()  # one controller per state: a second one refuses, naming the first
         ctl = Controller(cfg, backend, store, config_path=cfg.source)
         if args.once:
             ctl.reconcile()
@@ -77,6 +79,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
         ctl.install_signal_handlers()
         return ctl.run_forever()
     finally:
+        if lock is not None:
+            lock.release()
         store.close()
 
 

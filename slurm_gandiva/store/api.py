@@ -19,6 +19,7 @@ from slurm_gandiva.model import JobSpec, JobState, Locality, Placement
 from slurm_gandiva.plan import Action
 
 __all__ = [
+    "ControllerLockLike",
     "DecisionRecord",
     "EventRecord",
     "JobRecord",
@@ -167,6 +168,12 @@ class EventRecord:
     at: float
 
 
+class ControllerLockLike(Protocol):
+    """A held one-controller-per-state lock."""
+
+    def release(self) -> None: ...
+
+
 class StoreApi(Protocol):
     """What `Store` offers. Query methods return tuples ordered by time (then id)."""
 
@@ -178,6 +185,10 @@ class StoreApi(Protocol):
     def schema_version(self) -> int: ...
 
     def close(self) -> None: ...
+
+    def lock_controller(self, holder: str | None = None) -> ControllerLockLike:
+        """Take the one-controller-per-state lock; ControllerRunning (naming the holder) when it is taken."""
+        ...
 
     # -- jobs -------------------------------------------------------------------------------------
     def upsert_job(

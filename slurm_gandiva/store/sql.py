@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import fcntl
 import os
+import socket
 import sqlite3
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
@@ -16,7 +19,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_gandiva.errors import ConfigError
+from slurm_gandiva.errors import ConfigError, ControllerRunning
 from slurm_gandiva.model import GpuRef, JobSpec, JobState, Locality, Placement
 from slurm_gandiva.plan import Action
 from slurm_gandiva.store.api import (
@@ -196,6 +199,86 @@ def _job_user(s: Session, job_id: str) -> str:
     return s.scalar(sa.select(JobRow.user).where(JobRow.id == job_id)) or ""
 
 
+CONTROLLER_LOCK_KEY = 7412002  # pg advisory lock of the running controller (7412001: schema upgrades)
+
+
+class ControllerLock:
+    """A held one-controller-per-state lock (see `Store.lock_controller`)."""
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+
+def _refusal(holder: str, what: str) -> ControllerRunning:
+    return ControllerRunning(
+        f"another controller ({holder or 'holder unknown'}) already runs on {what}: stop it first, "
+        "or give this one another state_dir / database_url"
+    )
+
+
+class _FileLock(ControllerLock):
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    @classmethod
+    def take(cls, path: Path, who: str) -> _FileLock:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            raise _refusal(holder, str(path.with_suffix(""))) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{who}\n".encode(), 0)
+        return cls(fd)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing the file drops the flock
+            self._fd = None
+
+
+class _AdvisoryLock(ControllerLock):
+    def __init__(self, engine: Engine, conn: sa.Connection) -> None:
+        self._engine: Engine | None = engine
+        self._conn = conn
+
+    @classmethod
+    def take(cls, url: URL, shown: str, who: str) -> _AdvisoryLock:
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        conn = engine.connect()
+        try:
+            conn.execute(sa.text("SELECT set_config('application_name', :n, false)"),
+                         {"n": f"gandiva-controller {who}"[:63]})
+            got = conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": CONTROLLER_LOCK_KEY}).scalar()
+            conn.commit()
+            if not got:
+                holder = conn.execute(sa.text(
+                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = :k "
+                    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ), {"k": CONTROLLER_LOCK_KEY}).scalar()
+                raise _refusal(str(holder or "").removeprefix("gandiva-controller "), shown)
+        except BaseException:
+            conn.close()
+            engine.dispose()
+            raise
+        return cls(engine, conn)
+
+    def release(self) -> None:
+        if self._engine is not None:
+            with contextlib.suppress(sa.exc.DBAPIError):
+                self._conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": CONTROLLER_LOCK_KEY})
+            self._conn.close()
+            self._engine.dispose()
+            self._engine = None
+
+
 def check_database(url: str | os.PathLike[str], *, timeout: float = 10.0) -> str:
     """Whether a controller could open its store at `url`, creating or changing nothing: a SQLite file's
     directory must be writable (or creatable), a server must answer, and no schema may be newer than this
@@ -307,6 +390,18 @@ class Store:
 
     def close(self) -> None:
         self._engine.dispose()
+
+    def lock_controller(self, holder: str | None = None) -> ControllerLock:
+        """Take the one-controller-per-state lock, held until `release()` (or the process ends).
+
+        SQLite: flock() on `<database>.lock`, which names the holder. PostgreSQL: a session advisory lock
+        on a connection of its own (works between hosts sharing the server); the holder is named by its
+        connection's application_name. ControllerRunning (one line, naming the holder) when it is taken.
+        """
+        who = holder or f"pid {os.getpid()} on host {socket.gethostname()}"
+        if self._url.get_backend_name() == "sqlite":
+            return _FileLock.take(Path(f"{self._url.database}.lock"), who)
+        return _AdvisoryLock.take(self._url, self.url, who)
 
     def __enter__(self) -> Store:
         return self

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from slurm_gandiva.errors import ConfigError
+from slurm_gandiva.errors import ConfigError, ControllerRunning
 from slurm_gandiva.model import GpuRef, JobSpec, JobState, Locality, Placement
 from slurm_gandiva.plan import Action
 from slurm_gandiva.store import NoSuchRecord, Outcome, SliceEnd, Store, StoreConflict
@@ -213,6 +213,20 @@ class StoreCases:
             s.record_step(intent.id, "signal", 6.0)
             s.record_rate("41", 1, Locality.SWITCH, 3.0, 7.0)
             assert len(s.steps(intent.id)) == 1 and len(s.rates("41")) == 1
+
+    def test_one_controller_per_state(self, store: Store, store_url: str) -> None:
+        first = store.lock_controller("pid 101 on host alpha")
+        with Store(store_url) as other:
+            with pytest.raises(ControllerRunning) as ei:
+                other.lock_controller("pid 202 on host beta")
+            msg = str(ei.value)
+            assert "pid 101 on host alpha" in msg and "\n" not in msg and "stop it first" in msg
+            first.release()
+            second = other.lock_controller("pid 202 on host beta")  # free again once released
+            with pytest.raises(ControllerRunning, match="pid 202 on host beta"):
+                store.lock_controller()
+            second.release()
+        store.lock_controller().release()
 
     def test_newer_schema_is_refused(self, store: Store, store_url: str) -> None:
         with store.engine.begin() as conn:
