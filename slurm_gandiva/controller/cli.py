@@ -238,7 +238,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             raise UnknownJob(f"no job {jid} in Slurm's queue: check the id with `gandiva squeue`")
         check_owner(job.user, jid, caller, uid)
         if job.finished:
-            print(f"job {jid} already {job.state.lower()}", file=sys.stderr)
+            print(f"gandiva: job {jid} already ended {job.state}: nothing to cancel", file=sys.stderr)
+            if job.state not in ("COMPLETED", "CANCELLED"):
+                rc = 1  # it ended in failure: say so in the exit status too
             continue
         backend.cancel(jid)
         print(f"cancelled job {jid}")

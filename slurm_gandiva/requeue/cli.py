@@ -6,6 +6,7 @@ Like scontrol, these act on any user's job and so must run as root or the SlurmU
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from slurm_gandiva.errors import BadRequest, PermissionDenied, SlurmError
 if TYPE_CHECKING:
     from slurm_gandiva.model import Placement
     from slurm_gandiva.requeue.protocol import OpResult, RequeueProtocol
+    from slurm_gandiva.slurm.base import SlurmBackend
 
 JOBS_ROOT_ENV = "GANDIVA_JOBS_ROOT"
 
@@ -123,7 +125,7 @@ def _report(args: argparse.Namespace, result: OpResult) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, op: str, call: Callable[[], OpResult]) -> int:
+def _run(args: argparse.Namespace, op: str, call: Callable[[], OpResult], backend: SlurmBackend) -> int:
     hint = f"`gandiva {op}` must run as root or the SlurmUser"
     try:
         result = call()
@@ -133,24 +135,43 @@ def _run(args: argparse.Namespace, op: str, call: Callable[[], OpResult]) -> int
         if os.geteuid() != 0:  # job_submit.lua refuses a non-root caller with an unspecific error
             raise type(exc)(f"{exc} ({hint})") from None
         raise
-    return _report(args, result)
+    rc = _report(args, result)
+    _refuse_failed_end(op, result, backend)
+    return rc
+
+
+def _refuse_failed_end(op: str, result: OpResult, backend: SlurmBackend) -> None:
+    """A job that ended instead (Outcome.FINISHED) in anything but COMPLETED makes the verb fail (one line)."""
+    from slurm_gandiva.errors import ProtocolError
+    from slurm_gandiva.requeue.protocol import Outcome
+
+    if result.outcome is not Outcome.FINISHED:
+        return
+    state = ""
+    with contextlib.suppress(SlurmError):
+        state = backend.job(result.job_id).state
+    if state != "COMPLETED":
+        raise ProtocolError(
+            f"job {result.job_id} ended{' ' + state if state else ''}: nothing to {op}; "
+            f"see `sacct -j {result.job_id}` and its output file"
+        )
 
 
 def _suspend(args: argparse.Namespace) -> int:
     proto = _protocol(args)
-    return _run(args, "suspend", lambda: proto.suspend(args.job))
+    return _run(args, "suspend", lambda: proto.suspend(args.job), proto.backend)
 
 
 def _resume(args: argparse.Namespace) -> int:
     proto = _protocol(args)
     placement = _placement(args.node, args.gpus, args.shared)
-    return _run(args, "resume", lambda: proto.resume(args.job, placement))
+    return _run(args, "resume", lambda: proto.resume(args.job, placement), proto.backend)
 
 
 def _migrate(args: argparse.Namespace) -> int:
     proto = _protocol(args)
     placement = _placement(args.node, args.gpus, args.shared)
-    return _run(args, "migrate", lambda: proto.migrate(args.job, placement))
+    return _run(args, "migrate", lambda: proto.migrate(args.job, placement), proto.backend)
 
 
 def _resize(args: argparse.Namespace) -> int:
@@ -174,4 +195,4 @@ def _resize(args: argparse.Namespace) -> int:
         parse_node_gpus(slurm_node.gres), busy_gpus(snap.jobs, node, exclude=args.job), args.gpus, current
     )
     placement = _placement(node, gpus, args.shared)
-    return _run(args, "resize", lambda: proto.resize(args.job, placement))
+    return _run(args, "resize", lambda: proto.resize(args.job, placement), proto.backend)

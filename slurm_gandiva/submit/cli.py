@@ -24,7 +24,14 @@ from slurm_gandiva.errors import BadRequest, ConfigError, GandivaError
 from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.contract import JOB_MARK
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmNode, SubmitRequest
-from slurm_gandiva.submit.request import USAGE, ClusterLimits, SbatchRequest, parse_request, validate
+from slurm_gandiva.submit.request import (
+    USAGE,
+    ClusterLimits,
+    SbatchRequest,
+    check_environment,
+    parse_request,
+    validate,
+)
 from slurm_gandiva.submit.spec import SubmitSpec, write_spec
 
 DEFAULT_JOBS_ROOT = "/var/lib/gandiva/jobs"
@@ -180,6 +187,7 @@ def submit(
     """
     from slurm_gandiva.submit.render import render_script, signal_name
 
+    check_environment(env)
     paths = resolve_paths(req, env)
     topology = None
     if paths.topology is not None:

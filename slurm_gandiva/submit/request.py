@@ -8,6 +8,7 @@ Both are pure.
 
 from __future__ import annotations
 
+import enum
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,13 +22,16 @@ USAGE = (
     "[--total-samples N] [--signal SIG] [--jobs-root DIR] [--topology FILE] [--parsable] -- CMD [ARGS...]"
 )
 
-# sbatch options the controller manages: a user may not set them (long names; a prefix "=..." too).
+# sbatch options the controller manages: a user may not set them, however sbatch would spell them.
 _MANAGED_LONG = {
     "--gres": "the controller chooses the GPUs: use --gpus N or --gpus MIN:MAX",
+    "--gpus": "the controller chooses the GPUs: use gandiva's --gpus N or --gpus MIN:MAX",
     "--gpus-per-node": "use --gpus N or --gpus MIN:MAX",
     "--gpus-per-task": "use --gpus N or --gpus MIN:MAX",
     "--gpus-per-socket": "use --gpus N or --gpus MIN:MAX",
+    "--tres-per-task": "the controller chooses the GPUs: use --gpus N or --gpus MIN:MAX",
     "--nodelist": "the controller chooses the nodes",
+    "--nodefile": "the controller chooses the nodes",
     "--nodes": "managed jobs run on one node",
     "--comment": "the comment marks jobs the controller owns",
     "--no-requeue": "managed jobs are suspended by a held requeue and must stay requeueable",
@@ -35,18 +39,83 @@ _MANAGED_LONG = {
     "--signal": "use gandiva sbatch --signal SIG for the wrapper's suspend signal",
     "--wrap": "give the command after --",
     "--array": "job arrays are not supported: submit one job per command",
+    "--wait": "a managed job is held until the controller starts it: follow it with gandiva squeue",
 }
-_MANAGED_SHORT = {"-G": "--gpus-per-node", "-w": "--nodelist", "-N": "--nodes", "-a": "--array"}
-# sbatch short options that take a value (so the value is not mistaken for an option).
-_SHORT_WITH_VALUE = set("AabcCDdeFGiJLMmnNopqStwx")
-# sbatch long options that take a separate value when written without "=".
-_LONG_WITH_VALUE = {
-    "--account", "--begin", "--cpus-per-task", "--constraint", "--chdir", "--dependency", "--error",
-    "--input", "--job-name", "--licenses", "--clusters", "--distribution", "--ntasks", "--output",
-    "--partition", "--qos", "--core-spec", "--time", "--exclude", "--mem", "--mem-per-cpu",
-    "--mail-type", "--mail-user", "--export", "--time-min", "--nice", "--reservation", "--ntasks-per-node",
-    "--mem-per-gpu", "--cpus-per-gpu", "--tmp", "--uid", "--gid", "--workdir", "--wckey",
+_MANAGED_SHORT = {"-G": "--gpus", "-w": "--nodelist", "-F": "--nodefile", "-N": "--nodes", "-a": "--array",
+                  "-W": "--wait"}
+
+
+class _Arg(enum.Enum):
+    """Whether an sbatch long option takes a value (getopt_long's has_arg)."""
+
+    NONE = "none"
+    REQUIRED = "required"  # "--opt value" takes the next word
+    OPTIONAL = "optional"  # only "--opt=value": the next word is never taken
+
+
+# sbatch's long options (22.05 to 24.11, from `sbatch --help` and Slurm's option table) and whether they take
+# a value. sbatch (getopt_long) accepts any unambiguous prefix of a long option, so a user option is matched
+# against all of them as sbatch would. An option is marked REQUIRED only where sure: one wrongly marked would
+# hide the next word from the check (an unsure one is OPTIONAL, which at worst refuses a legal value).
+_REQUIRED = (
+    "account acctg-freq array batch bb bbf begin chdir cluster-constraint clusters comment constraint "
+    "core-spec cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline delay-boot dependency "
+    "distribution error export-file extra-node-info gid gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket "
+    "gpus-per-task gres gres-flags hint input job-name kill-on-invalid-dep licenses mail-type mail-user "
+    "mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus network nodefile nodelist nodes ntasks "
+    "ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket open-mode output partition power prefer "
+    "priority profile qos reservation signal sockets-per-node switches thread-spec threads-per-core time "
+    "time-min tmp tres-bind tres-per-task uid wckey exclude workdir"
+)
+_OPTIONAL = "exclusive export get-user-env nice oom-kill-step propagate wrap resv-ports container container-id"
+_NO_VALUE = (
+    "contiguous help hold ignore-pbs no-kill no-requeue overcommit oversubscribe parsable quiet reboot requeue "
+    "spread-job test-only usage use-min-nodes verbose version wait"
+)
+_SBATCH_LONG: dict[str, _Arg] = {
+    f"--{name}": kind
+    for names, kind in ((_REQUIRED, _Arg.REQUIRED), (_OPTIONAL, _Arg.OPTIONAL), (_NO_VALUE, _Arg.NONE))
+    for name in names.split()
 }
+# sbatch short options that take a value (the rest of the word, else the next word).
+_SHORT_WITH_VALUE = set("AabBcCDdeFGiJLMmnNopqStwx")
+_OURS_WITH_VALUE = ("--gpus", "--model", "--total-samples", "--signal", "--jobs-root", "--topology")
+# sbatch reads these environment variables as options; command-line options override them, but gandiva does
+# not set these, so they would reach a managed job.
+_MANAGED_ENV = {
+    "SBATCH_GRES": "--gres", "SBATCH_GPUS": "--gpus", "SBATCH_GPUS_PER_NODE": "--gpus-per-node",
+    "SBATCH_GPUS_PER_TASK": "--gpus-per-task", "SBATCH_GPUS_PER_SOCKET": "--gpus-per-socket",
+    "SBATCH_TRES_PER_TASK": "--tres-per-task", "SBATCH_SIGNAL": "--signal", "SBATCH_ARRAY_INX": "--array",
+    "SBATCH_WAIT": "--wait", "SBATCH_NODELIST": "--nodelist",
+}
+
+
+def resolve_long(name: str) -> str:
+    """The sbatch long option `name` means, as getopt_long matches it: itself, or the one option it is an
+    unambiguous prefix of. BadRequest (one line) when it is ambiguous between options one of which gandiva
+    manages; an unknown or otherwise ambiguous name is returned as is (sbatch refuses it)."""
+    if name in _SBATCH_LONG:
+        return name
+    matches = sorted(o for o in _SBATCH_LONG if o.startswith(name))
+    if len(matches) == 1:
+        return matches[0]
+    managed = [m for m in matches if m in _MANAGED_LONG]
+    if managed:
+        raise BadRequest(
+            f"sbatch option {name} is ambiguous ({', '.join(matches)}) and may mean {managed[0]}, which gandiva "
+            "manages: spell the option out"
+        )
+    return name
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Refuse SBATCH_* environment variables that would set an option the controller manages (BadRequest)."""
+    for var, option in _MANAGED_ENV.items():
+        if env.get(var):
+            raise BadRequest(
+                f"environment variable {var} sets sbatch's {option}, which gandiva manages: unset it "
+                f"({_MANAGED_LONG[option]})"
+            )
 
 
 @dataclass(frozen=True)
@@ -139,38 +208,45 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
         inline = inline_val if eq else None
         if tok in ("-h", "--help"):
             flags.add("help")
-        elif name in ("--gpus", "--model", "--total-samples", "--signal", "--jobs-root", "--topology"):
+        elif name in _OURS_WITH_VALUE:
             ours[name] = value(name, inline)
         elif tok == "--parsable":
             flags.add("parsable")
         elif name.startswith("--"):
-            managed = next((m for m in _MANAGED_LONG if name == m), None)
-            if managed:
-                raise BadRequest(f"sbatch option {managed} is managed by gandiva: {_MANAGED_LONG[managed]}")
-            if name not in ("--requeue", "--hold"):  # we always add these ourselves
+            option = resolve_long(name)
+            if option in _MANAGED_LONG:
+                spelled = option if name == option else f"{name} ({option})"
+                raise BadRequest(f"sbatch option {spelled} is managed by gandiva: {_MANAGED_LONG[option]}")
+            if option not in ("--requeue", "--hold"):  # we always add these ourselves
                 passthrough.append(tok)
-            if name in _LONG_WITH_VALUE and inline is None:
+            if _SBATCH_LONG.get(option) is _Arg.REQUIRED and inline is None:
                 v = value(name, None)
                 passthrough.append(v)
                 inline = v
-            if name == "--partition":
+            if option == "--partition":
                 partition = inline
-            elif name == "--job-name":
+            elif option == "--job-name":
                 job_name = inline
         elif tok.startswith("-") and len(tok) >= 2:
-            letter = tok[:2]
-            if letter in _MANAGED_SHORT:
-                long = _MANAGED_SHORT[letter]
-                raise BadRequest(f"sbatch option {letter} ({long}) is managed by gandiva: {_MANAGED_LONG[long]}")
             passthrough.append(tok)
-            if tok[1] in _SHORT_WITH_VALUE:
-                v = tok[2:] if len(tok) > 2 else value(letter, None)
-                if len(tok) == 2:
-                    passthrough.append(v)
-                if letter == "-p":
-                    partition = v
-                elif letter == "-J":
-                    job_name = v
+            # Bundled short options, as getopt reads them: flags until one that takes a value, which takes
+            # the rest of the word (or the next word), e.g. -vN2 is -v -N 2, -wn2 is -w n2.
+            for k in range(1, len(tok)):
+                letter = "-" + tok[k]
+                if letter in _MANAGED_SHORT:
+                    long = _MANAGED_SHORT[letter]
+                    shown = letter if tok == letter else f"{letter} in {tok}"
+                    raise BadRequest(f"sbatch option {shown} ({long}) is managed by gandiva: {_MANAGED_LONG[long]}")
+                if tok[k] in _SHORT_WITH_VALUE:
+                    v = tok[k + 1 :]
+                    if not v:
+                        v = value(letter, None)
+                        passthrough.append(v)
+                    if letter == "-p":
+                        partition = v
+                    elif letter == "-J":
+                        job_name = v
+                    break
         else:
             raise BadRequest(f"unexpected {tok!r} before --: put the command after --; {USAGE}")
         i += 1

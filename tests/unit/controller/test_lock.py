@@ -60,3 +60,16 @@ def test_gandiva_controller_refuses_while_another_runs(tmp_path: Path, monkeypat
         assert f"pid {os.getpid()} on host" in err and err.count("\n") == 1
         lock.release()
     assert main(["controller", "--once", "--config", str(conf)]) == 0  # and runs once it is free
+
+
+def test_cancel_of_a_job_that_ended_in_failure_exits_non_zero(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from controller_fakes import sjob
+
+    backend = FakeBackend([sjob("5", "FAILED"), sjob("6", "COMPLETED"), sjob("7", "PENDING")])
+    monkeypatch.setattr("slurm_gandiva.slurm.make_backend", lambda env=None, **_kw: backend)
+    monkeypatch.setattr("slurm_gandiva.controller.cli.caller_name", lambda: "alice")
+    assert main(["cancel", "6"]) == 0
+    assert main(["cancel", "5"]) == 1
+    assert "job 5 already ended FAILED" in capsys.readouterr().err
+    assert main(["cancel", "7"]) == 0 and ("cancel", "7") in backend.calls

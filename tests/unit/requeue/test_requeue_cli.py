@@ -76,3 +76,21 @@ def test_non_root_caller_refused_by_job_submit_lua_gets_the_hint(
     assert main(["resume", "46", "--node", "n1", "--gpus", "0"]) == 2
     err = capsys.readouterr().err
     assert "Unspecified error" in err and "must run as root or the SlurmUser" in err
+
+
+@pytest.mark.parametrize("state", ["FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL"])
+@pytest.mark.parametrize("verb", [["suspend"], ["resume", "--node", "n1", "--gpus", "0"],
+                                  ["migrate", "--node", "n1", "--gpus", "0"]])
+def test_a_verb_on_a_job_that_ended_in_failure_exits_non_zero(
+    slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], state: str, verb: list[str]
+) -> None:
+    slurm.add(FakeJob("46", state=state, gpus=()))
+    assert main([verb[0], "46", *verb[1:]]) == 6
+    err = capsys.readouterr().err
+    assert f"job 46 ended {state}: nothing to {verb[0]}" in err and err.count("\n") == 1
+
+
+def test_a_verb_on_a_completed_job_exits_zero(slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> None:
+    slurm.add(FakeJob("47", state="COMPLETED", gpus=()))
+    assert main(["suspend", "47"]) == 0
+    assert "finished" in capsys.readouterr().out

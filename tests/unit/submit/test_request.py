@@ -60,7 +60,7 @@ def test_a_value_is_not_taken_for_an_option() -> None:
         (["--gpus", "1:2:3"], "give a number"),
         (["--gres=gpu:2"], "--gres is managed"),
         (["--gres", "gpu:2"], "--gres is managed"),
-        (["-G", "2"], "-G (--gpus-per-node) is managed"),
+        (["-G", "2"], "-G (--gpus) is managed"),
         (["-w", "n1"], "-w (--nodelist) is managed"),
         (["--comment=x"], "--comment is managed"),
         (["--no-requeue"], "--no-requeue is managed"),
@@ -113,3 +113,68 @@ def test_missing_command_refused() -> None:
         validate(parse_request(["--", "/no/such/program"]), LIMITS)
     with pytest.raises(BadRequest, match="not found"):
         validate(parse_request(["--", "no-such-program-xyz"]), LIMITS)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # any unambiguous prefix of a long option, as sbatch's getopt_long takes it
+        (["--nodelis=n2"], "sbatch option --nodelis (--nodelist) is managed by gandiva"),
+        (["--nodeli", "n2"], "--nodeli (--nodelist) is managed"),
+        (["--gpus-per-nod=3"], "--gpus-per-nod (--gpus-per-node) is managed"),
+        (["--gre=gpu:2"], "--gre is ambiguous (--gres, --gres-flags) and may mean --gres"),
+        (["--comm=x"], "--comm (--comment) is managed"),
+        (["--no-req"], "--no-requeue) is managed"),
+        (["--open=truncate"], "--open (--open-mode) is managed"),
+        (["--arr=1-3"], "--arr (--array) is managed"),
+        (["--wra=hostname"], "--wra (--wrap) is managed"),
+        (["--tres-per-t=gres/gpu:4"], "(--tres-per-task) is managed"),
+        (["--nodef=hosts.txt"], "(--nodefile) is managed"),
+        (["--wai"], "(--wait) is managed"),
+        # ambiguous prefixes that may mean a managed option
+        (["--node=2"], "--node is ambiguous (--nodefile, --nodelist, --nodes) and may mean --nodefile"),
+        (["--gpu=2"], "ambiguous"),
+        # bundled and attached short options, as getopt reads them
+        (["-vN2"], "-N in -vN2 (--nodes) is managed"),
+        (["-wn2"], "-w in -wn2 (--nodelist) is managed"),
+        (["-N", "2"], "-N (--nodes) is managed"),
+        (["-Hw", "n2"], "-w in -Hw (--nodelist) is managed"),
+        (["-QvG2"], "-G in -QvG2 (--gpus) is managed"),
+        (["-Fhosts"], "-F in -Fhosts (--nodefile) is managed"),
+        (["-W"], "-W (--wait) is managed"),
+        # an option's value hides nothing: the word after a value-taking option is its value, no more
+        (["--part", "gpu", "-w", "n2"], "-w (--nodelist) is managed"),
+    ],
+)
+def test_managed_options_however_sbatch_would_spell_them(argv: list[str], needle: str) -> None:
+    with pytest.raises(BadRequest) as ei:
+        parse_request([*argv, "--", "true"])
+    msg = str(ei.value)
+    assert needle in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    "argv,passed,part,name",
+    [
+        (["--part", "small", "--job-n=x"], ("--part", "small", "--job-n=x"), "small", "x"),
+        (["-vpgpu"], ("-vpgpu",), "gpu", None),
+        (["-Jw"], ("-Jw",), None, "w"),  # -J takes "w" as the job name
+        (["-J", "-wn2"], ("-J", "-wn2"), None, "-wn2"),
+        (["--time", "10", "--mem=4G", "--exclusive"], ("--time", "10", "--mem=4G", "--exclusive"), None, None),
+        (["--req", "--hol"], (), None, None),  # prefixes of what gandiva always sets: dropped
+    ],
+)
+def test_other_spellings_pass_through(argv: list[str], passed: tuple[str, ...], part: str | None,
+                                      name: str | None) -> None:
+    r = parse_request([*argv, "--", "true"])
+    assert (r.sbatch_options, r.partition, r.job_name) == (passed, part, name)
+
+
+def test_sbatch_environment_variables_that_set_managed_options_are_refused() -> None:
+    from slurm_gandiva.submit.request import check_environment
+
+    check_environment({"SBATCH_PARTITION": "gpu", "SBATCH_GRES": ""})
+    for var, option in (("SBATCH_GRES", "--gres"), ("SBATCH_GPUS_PER_NODE", "--gpus-per-node"),
+                        ("SBATCH_SIGNAL", "--signal")):
+        with pytest.raises(BadRequest, match=f"{var} sets sbatch's {option}, which gandiva manages: unset it"):
+            check_environment({var: "x"})
