@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster.down()
 
     print(
-        f"requeue protocol vs scancel + resubmit: medians of {args.repeats} cycles (load avg {os.getloadavg()[0]:.1f})"
+        f"Slurm {cluster.capabilities.release_text}: requeue protocol vs scancel + resubmit: medians of "
+        f"{args.repeats} cycles (load avg {os.getloadavg()[0]:.1f})"
     )
     head = (
         f"{'size':<7} {'ckpt size':>10} {'ckpt time':>10} | {'signal->free':>12} {'scancel->free':>13} {'ratio':>6} |"

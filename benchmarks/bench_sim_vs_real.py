@@ -534,6 +534,7 @@ def simulate(
         tick_origin=origin,
         learn_rates=True,
         locality_penalty=0.0,
+        requeue_ties=real.requeue_ties,  # as the real run's Slurm did
     )
     sim = WorkloadSimulator(
         Trace("demo", tuple(jobs)),
@@ -608,7 +609,8 @@ def compare(
     spread = spread or {}
     o = sim.overheads
     print(
-        f"policy {real.policy}, quantum {real.quantum:g} s, tick {real.tick:g} s; overheads {o.source}:\n"
+        f"Slurm {real.slurm}; policy {real.policy}, quantum {real.quantum:g} s, tick {real.tick:g} s; "
+        f"overheads {o.source}:\n"
         f"  start {o.start:.1f} s, suspend {o.suspend:.1f} s, resume {o.resume:.1f} s, "
         f"migrate {o.migrate or 0:.1f} s, resize {o.resize or 0:.1f} s, finish {o.finish:.1f} s, "
         f"+{o.per_gpu:.1f} s per GPU beyond one, +{o.crowd:.1f} s per other job starting in the same round, "

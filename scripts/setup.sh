@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian machine: Slurm + munge (+ PostgreSQL for the store tests),
 # a venv in .venv with torch==2.13.0 (CPU) installed first, then the project with its extras.
-# Quiet when there is nothing to do; the output of a failed step is shown.
+# GANDIVA_SLURM picks the Slurm release(s) (scripts/slurm-release.sh): 22.05 is Debian 12's packages;
+# 24.11, 25.11 and 26.05 are built from source into /opt/slurm-gandiva/RELEASE (cached); "all" sets up
+# every release. With --build-first-only only the first release is built (test.sh builds the others in
+# the background while it tests). Quiet when there is nothing to do; the output of a failed step is shown.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# shellcheck source=scripts/slurm-release.sh
+. scripts/slurm-release.sh
+releases=$(gandiva_slurm_releases) || exit 2
+build=$releases
+if [ "${1:-}" = --build-first-only ]; then
+  build=$(echo "$releases" | head -n1)
+fi
 log=$(mktemp -t gandiva-setup.XXXXXX)
 trap 'rm -f "$log"' EXIT
 step() {  # step DESCRIPTION CMD...: run quietly, show the output if it fails
@@ -34,7 +44,13 @@ while [ "$d" != "/" ]; do
   d=$(dirname "$d")
 done
 need=()
-for pkg in slurm-wlm slurmctld slurmd slurm-client munge postgresql lua5.1 python3-venv; do
+pkgs=(slurm-wlm slurmctld slurmd slurm-client munge postgresql lua5.1 python3-venv)
+for rel in $releases; do
+  # What Slurm's configure needs for the plugins the devcluster uses (Debian 13's Slurm build, trimmed).
+  [ "$rel" = 22.05 ] || pkgs+=(build-essential libmunge-dev libjson-c-dev libyaml-dev libhttp-parser-dev
+    libjwt-dev liblua5.1-0-dev libhwloc-dev libdbus-1-dev libpam0g-dev libcurl4-openssl-dev libreadline-dev)
+done
+for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -44,6 +60,14 @@ if [ ${#need[@]} -gt 0 ]; then
   # The packages start system daemons; the project runs its own, so stop those.
   for s in slurmctld slurmd postgresql; do $sudo_ systemctl stop "$s" >/dev/null 2>&1 || true; done
 fi
+for rel in $build; do
+  [ "$rel" = 22.05 ] && continue
+  prefix=$(gandiva_slurm_prefix "$rel")
+  if [ ! -x "$prefix/sbin/slurmctld" ]; then
+    echo "setup: building Slurm $rel from source into $prefix (about 3 minutes on 2 cores)"
+  fi
+  step "building Slurm $rel" bash scripts/build-slurm.sh "$rel" "$prefix"
+done
 # Debian's python, not a per-user one (pyenv under /root): jobs run as other users must exec it.
 py=${PYTHON:-/usr/bin/python3}
 if [ ! -x .venv/bin/python ]; then
@@ -63,5 +87,6 @@ if [ "$(id -u)" -eq 0 ] && ! runuser -u nobody -- test -x "$root/.venv/bin/pytho
   exit 1
 fi
 torch_v=$(.venv/bin/python -c 'import torch; print(torch.__version__)')
-slurm_v=$(dpkg-query -W -f '${Version}' slurm-client 2>/dev/null || echo "?")
-echo "setup: ok (torch $torch_v, slurm $slurm_v)"
+for rel in $build; do
+  echo "setup: ok: Slurm $(gandiva_slurm_version "$rel") in $(gandiva_slurm_prefix "$rel"), torch $torch_v"
+done

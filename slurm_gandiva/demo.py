@@ -85,6 +85,12 @@ WORKLOAD: tuple[DemoJob, ...] = (
 )
 
 
+def slurm_bin_dirs() -> list[str]:
+    """Where this process finds Slurm's commands (a release built into its own prefix comes first on PATH):
+    jobs must run the same release's scontrol."""
+    return list(dict.fromkeys(os.path.dirname(exe) for c in ("scontrol", "slurmctld") if (exe := shutil.which(c))))
+
+
 def train_command(job: DemoJob, python: str, script: Path) -> list[str]:
     """The training command of one demo job (examples/train.py): exactly `job.steps` mini-batches."""
     dataset = 512
@@ -246,6 +252,8 @@ class DemoResult:
     failures: tuple[str, ...] = field(default_factory=tuple)
     params: tuple[tuple[str, str], ...] = ()  # the policy's parameters as written in the config
     tick: float = 3.0  # the controller's tick
+    slurm: str = "22.05.8"  # the Slurm release it ran on (runs before it was recorded: 22.05)
+    requeue_ties: bool = True  # that Slurm tied requeued jobs to their old GPU indices
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -269,7 +277,8 @@ class DemoResult:
         )
         return DemoResult(jobs, d["started"], d["finished"], d["quantum"], d["policy"],
                           tuple(d.get("failures", ())), tuple((str(k), str(v)) for k, v in d.get("params", ())),
-                          float(d.get("tick", 3.0)))
+                          float(d.get("tick", 3.0)), str(d.get("slurm", "22.05.8")),
+                          bool(d.get("requeue_ties", True)))
 
 
 def measured_rate(row: JobRow, now: float, fresh: float) -> tuple[int, float] | None:
@@ -392,7 +401,10 @@ class Demo:
             raise ConfigError(f"{script} is missing: run the demo from a source checkout")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         cluster = DevCluster(self.state_dir / "cluster", nodes=2, gpus_per_node=4, port_base=self.port_base)
-        self.say(f"demo: bringing up a 2-node x 4-GPU Slurm cluster in {cluster.state_dir} ...")
+        caps = cluster.capabilities
+        where = os.path.dirname(os.path.dirname(shutil.which("slurmctld") or "/usr/sbin/slurmctld"))
+        self.say(f"demo: Slurm {caps.release_text} ({where}): bringing up a 2-node x 4-GPU cluster in "
+                 f"{cluster.state_dir} ...")
         previous = signal.signal(signal.SIGTERM, _terminate)  # so `finally` stops what we started
         try:
             return self._run_on(cluster, script)
@@ -469,7 +481,7 @@ class Demo:
             f"--chdir={jobs}", "--", *train_command(job, str(self.bin / "python"), script),
         ]
         env = {
-            "PATH": f"{self.bin}:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PATH": ":".join(dict.fromkeys([str(self.bin), *slurm_bin_dirs(), "/usr/sbin", "/usr/bin", "/bin"])),
             "SLURM_CONF": str(cluster.conf_path),
             "GANDIVA_JOBS_ROOT": str(jobs),
             "GANDIVA_TOPOLOGY": str(cluster.topology_path),
@@ -544,6 +556,7 @@ class Demo:
                 for r in rows
             ),
             started, finished, self.quantum, self.policy, tuple(bad), tuple(self.params.items()), self.tick,
+            cluster.capabilities.release_text, cluster.capabilities.requeue_keeps_gpu_indices,
         )
         self.results_path.write_text(result.to_json())
         self._reports(cluster, [r.job_id for r in rows])

@@ -324,11 +324,19 @@ class Job:
 
 @dataclass(frozen=True)
 class ClusterView:
-    """An immutable snapshot of the cluster and the managed jobs: the input of every policy."""
+    """An immutable snapshot of the cluster and the managed jobs: the input of every policy.
+
+    `requeue_ties`: the cluster's Slurm ties a requeued job to its last GPUs' indices (`Job.requeue_indices`;
+    Slurm 21.08.0-23.02.1, e.g. Debian 12's 22.05). Where it does not, placement ignores those indices
+    (it still prefers a job's own GPUs among equally good ones). `packing`: the cluster can put jobs on
+    shards of a GPU and move them back to whole GPUs (Slurm 23.11.5 on); where it cannot, no policy packs.
+    """
 
     topology: Topology
     jobs: tuple[Job, ...]
     now: float = 0.0
+    requeue_ties: bool = True
+    packing: bool = True
 
     @cached_property
     def _by_id(self) -> dict[str, Job]:

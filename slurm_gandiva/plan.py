@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_gandiva.model import ClusterView, Job, JobState, Placement, Trial, TrialKind
 
@@ -110,7 +110,7 @@ class Plan:
         jobs = {j.job_id: j for j in view.jobs}
         for d in self.decisions:
             jobs[d.job_id] = apply_decision(jobs[d.job_id], d, t)
-        return ClusterView(view.topology, tuple(jobs[j.job_id] for j in view.jobs), t)
+        return replace(view, jobs=tuple(jobs[j.job_id] for j in view.jobs), now=t)
 
 
 def _action_for(job: Job, target: Placement | None) -> Action | None:

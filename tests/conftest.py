@@ -26,13 +26,13 @@ from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import SlurmBackend
 
-SLURM_FIXTURES = {"slurm_cluster", "slurm", "slurm_env"}
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the real cluster get the `slurm` marker (select with -m slurm / -m 'not slurm')."""
+    """Tests that use the real cluster (the `slurm_cluster` fixture, directly or through `slurm` and
+    `slurm_env`) get the `slurm` marker (select with -m slurm / -m 'not slurm'). Unit tests whose fake
+    backend fixture is also called `slurm` do not: their closure has no `slurm_cluster`."""
     for item in items:
-        if SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
 
 

@@ -222,10 +222,16 @@ class Actor:
 
     # -- executing a plan ------------------------------------------------------------------------------
     def execute(
-        self, plan: Plan, held: dict[str, Placement] | None = None, last: dict[str, Placement] | None = None
+        self,
+        plan: Plan,
+        held: dict[str, Placement] | None = None,
+        last: dict[str, Placement] | None = None,
+        *,
+        ties: bool = True,
     ) -> tuple[ActResult, ...]:
         """Run every decision of `plan`; `held` maps running jobs to their GPUs (to isolate failed suspends
-        and order moves), `last` the jobs it resumes to where they last ran (to order starts, see _waves)."""
+        and order moves), `last` the jobs it resumes to where they last ran (to order starts, see _waves);
+        `ties`: Slurm ties requeued jobs to their old GPU indices (`SlurmCapabilities`)."""
         if self.protocol is None:
             raise RuntimeError("Actor.protocol is not set")
         results: list[ActResult] = []
@@ -237,7 +243,7 @@ class Actor:
                 if not r.ok and held and r.decision.job_id in held:
                     blocked.update(held[r.decision.job_id].gpus)
         rest = [d for d in plan.decisions if d.action is not Action.SUSPEND]
-        for wave in _waves(rest, held or {}, last or {}):
+        for wave in _waves(rest, held or {}, last or {}, ties=ties):
             if self.should_stop():
                 log.info("stopping: %d decisions of this plan not started", len(plan) - len(results))
                 break
@@ -394,10 +400,11 @@ class Actor:
 
 
 def _waves(
-    decisions: list[Decision], held: dict[str, Placement], last: dict[str, Placement] | None = None
+    decisions: list[Decision], held: dict[str, Placement], last: dict[str, Placement] | None = None,
+    *, ties: bool = True,
 ) -> list[list[Decision]]:
     """`decisions` in waves: one waits for the decisions of the jobs that hold its target GPUs now, and
-    for those of requeued jobs going to its node that had one of its GPUs' indices before.
+    (`ties`) for those of requeued jobs going to its node that had one of its GPUs' indices before.
 
     Slurm 22.05 keeps a requeued job's old GRES indices and does not start it on a node where a GPU of
     such an index is taken (README, Slurm facts): that job must be running before another job takes
@@ -410,7 +417,7 @@ def _waves(
     old_at: dict[str, tuple[str, frozenset[int]]] = {}  # job -> (target node, old GPU indices)
     for d in decisions:
         before = held.get(d.job_id) or last.get(d.job_id)
-        if before is not None and d.placement is not None and d.action is not Action.START:
+        if ties and before is not None and d.placement is not None and d.action is not Action.START:
             old_at[d.job_id] = (d.placement.nodes[0], frozenset(g.index for g in before.gpus))
     deps: dict[int, set[str]] = {}
     for i, d in enumerate(decisions):

@@ -8,9 +8,12 @@ import os
 import pwd
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_gandiva.errors import GandivaError, PermissionDenied, UnknownJob
+
+if TYPE_CHECKING:
+    from slurm_gandiva.slurm.base import SlurmBackend
 
 
 def register(sub: Any) -> None:
@@ -43,6 +46,11 @@ def _logging_to_stderr() -> None:
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
+def backend_line(backend: SlurmBackend) -> str:
+    """Which backend talks to which Slurm, and what that Slurm does (for --check and the start log)."""
+    return f"{type(backend).__name__} on {backend.capabilities().describe()}"
+
+
 def cmd_controller(args: argparse.Namespace) -> int:
     from slurm_gandiva.controller.config import check_privilege, load_config
     from slurm_gandiva.controller.service import Controller, check_config
@@ -53,11 +61,12 @@ def cmd_controller(args: argparse.Namespace) -> int:
     user = check_privilege(cfg)
     if args.check:
         env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf is not None else None
-        checked = check_config(cfg, make_backend(env))
+        backend = make_backend(env)
+        checked = check_config(cfg, backend)
         parts = ",".join(cfg.partitions) or "all partitions"
         print(
             f"{cfg.source}: ok (policy {cfg.policy}, quantum {cfg.quantum:g} s, {len(checked.topology.nodes)} "
-            f"nodes, {parts}, {checked.database}, runs as {user})"
+            f"nodes, {parts}, {checked.database}, runs as {user}); {backend_line(backend)}"
         )
         return 0
     _logging_to_stderr()

@@ -290,8 +290,12 @@ def build_view(
     inputs: Iterable[JobInputs],
     foreign: Mapping[str, set[int]],
     now: float,
+    *,
+    requeue_ties: bool = True,
+    packing: bool = True,
 ) -> ClusterView:
-    """The ClusterView of the managed jobs that are not finished (pure)."""
+    """The ClusterView of the managed jobs that are not finished (pure). `requeue_ties` and `packing`:
+    what the running Slurm does (`ClusterView`, `SlurmCapabilities`)."""
     topo = topology_for(topology, nodes, foreign)
     jobs = tuple(
         sorted(
@@ -299,7 +303,7 @@ def build_view(
             key=lambda j: (j.spec.submit_time, _id_key(j.job_id)),
         )
     )
-    return ClusterView(topo, jobs, now)
+    return ClusterView(topo, jobs, now, requeue_ties=requeue_ties, packing=packing)
 
 
 def _id_key(job_id: str) -> tuple[int, str]:

@@ -256,7 +256,11 @@ class Controller:
             )
         self._note_file_problems(problems)
         now = self.clock()
-        view = build_view(self.topology, snap.nodes, inputs, foreign_gpus(snap.jobs, self.config.partitions), now)
+        caps = self.backend.capabilities()
+        view = build_view(
+            self.topology, snap.nodes, inputs, foreign_gpus(snap.jobs, self.config.partitions), now,
+            requeue_ties=caps.requeue_keeps_gpu_indices, packing=caps.packing,
+        )
         return Observation(view, snap, managed, records, progress, problems)
 
     def _progress_of(self, job_id: str, path: Path, user: str, problems: dict[str, str]) -> ProgressLike | None:
@@ -353,7 +357,9 @@ class Controller:
                 self.store.record_event("bad-plan", None, msg, now)
                 return self._report(TickReport(now, view, plan, (), findings, f"bad plan: {msg}"))
             held = {j.job_id: j.placement for j in view.running if j.placement is not None}
-            results = self.actor.execute(plan, held, self._last_placements(plan)) if plan else ()
+            ties = self.backend.capabilities().requeue_keeps_gpu_indices
+            last = self._last_placements(plan) if ties and plan else {}
+            results = self.actor.execute(plan, held, last, ties=ties) if plan else ()
             self._note_trials(view, results)
             self._note_failures(results, now)
             return self._report(TickReport(now, view, plan, results, findings))
@@ -546,8 +552,9 @@ class Controller:
         self._scheduler = sched
         sched.start()
         log.info(
-            "controller running: policy %s, tick %g s, quantum %g s, partitions %s",
+            "controller running: policy %s, tick %g s, quantum %g s, partitions %s; %s on %s",
             cfg.policy, cfg.tick, cfg.quantum, ",".join(cfg.partitions) or "all",
+            type(self.backend).__name__, self.backend.capabilities().describe(),
         )
         try:
             while not self._stop.is_set():

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from slurm_gandiva.errors import ConfigError, GandivaError, SlurmUnreachable
 from slurm_gandiva.model import Topology
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities, installed_release
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,7 @@ class DevCluster:
         start_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        capabilities: SlurmCapabilities | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or gpus_per_switch < 1 or sockets < 1:
             raise ConfigError("devcluster: nodes, GPUs per node, GPUs per switch and sockets must be >= 1")
@@ -218,6 +220,7 @@ class DevCluster:
         self.start_timeout = start_timeout
         self._clock = clock
         self._sleep = sleep
+        self._caps = capabilities
 
     # ----- paths and names -----
     @property
@@ -256,6 +259,13 @@ class DevCluster:
     def env(self) -> dict[str, str]:
         """Environment to add to every Slurm command run against this cluster."""
         return {"SLURM_CONF": str(self.conf_path)}
+
+    @property
+    def capabilities(self) -> SlurmCapabilities:
+        """What the installed Slurm (the slurmctld on PATH) can do: its configuration depends on it."""
+        if self._caps is None:
+            self._caps = SlurmCapabilities.for_release(installed_release())
+        return self._caps
 
     @property
     def topology(self) -> Topology:
@@ -315,6 +325,8 @@ class DevCluster:
             "partition": PARTITION,
             "min_job_age": 600,
             "kill_wait": 2,
+            # One job's shards on several GPUs of a node (a packed multi-GPU job) need this since 23.11.1.
+            "multiple_sharing_gres": self.capabilities.multiple_sharing_gres_param,
         }
 
     def _rendered(self) -> dict[str, str]:

@@ -8,27 +8,36 @@ requeue begin-time delay -> release -> wait for RUNNING -> verify Slurm gave exa
 Every operation looks at where the job is first (`phase`) and skips the steps already done, so a caller
 that died half-way can simply run the same operation again.
 
-Slurm 22.05 merges a gres update into the job's earlier request; the CLI backend clears the old request
-first, so whole GPUs are replaced exactly. Shards cannot be cleared and a job cannot switch between gpu and
-shard (see `plan_gres`): jobs that may be packed should be submitted without --gres.
+Where Slurm merges a gres update into the job's earlier request (22.05), the CLI backend clears the old
+request first, so whole GPUs are replaced exactly; there shards cannot be cleared and a job cannot switch
+between gpu and shard (see `plan_gres`). What the running Slurm does is `backend.capabilities()`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gandiva.errors import BadRequest, InvalidRequest, PermissionDenied, ProtocolError, SlurmError, UnknownJob
+from slurm_gandiva.errors import (
+    BadRequest,
+    InvalidRequest,
+    JobFileError,
+    PermissionDenied,
+    ProtocolError,
+    SlurmError,
+    UnknownJob,
+)
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.requeue.safe_read import read_job_outcome
 from slurm_gandiva.slurm import gres_string
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
 REQUEUE_HELD_REASON = "job_requeued_in_held_state"
 
@@ -216,13 +225,13 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     return (st.st_ino, st.st_mtime_ns)
 
 
-def _read_outcome(path: Path) -> str | None:
+def _read_outcome(path: Path, owner: str) -> str | None:
+    """The wrapper's outcome in status.json, None when there is none or the file is refused (a file its
+    user can write is untrusted input: `safe_read`)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_job_outcome(path, owner=owner)
+    except JobFileError:
         return None
-    out = data.get("outcome") if isinstance(data, dict) else None
-    return out if isinstance(out, str) else None
 
 
 class _Run:
@@ -381,7 +390,7 @@ class RequeueProtocol:
             run.skip(Step.SIGNAL, f"job is {ph.value}: not running")
             run.skip(Step.WAIT_REQUEUE, f"job is {ph.value}")
         if signalled and outcome is Outcome.SUSPENDED and files is not None:
-            status = self._wait_checkpoint(run, files, before)
+            status = self._wait_checkpoint(run, files, before, job.user)
             if status in ("done", "failed"):
                 # Finished as the signal came; Slurm still shows it held only if the wrapper requeued it.
                 job = self.backend.job(job_id)
@@ -472,14 +481,17 @@ class RequeueProtocol:
         run.do(Step.ESCALATE, act)
         return box[0]
 
-    def _wait_checkpoint(self, run: _Run, files: JobFiles, before: tuple[int, int] | None) -> str | None:
+    def _wait_checkpoint(
+        self, run: _Run, files: JobFiles, before: tuple[int, int] | None, owner: str
+    ) -> str | None:
         box: list[str | None] = []
 
         def act() -> str:
             deadline = self.clock() + self.checkpoint_grace
             while True:
                 now_id = _file_id(files.status)
-                outcome = _read_outcome(files.status) if now_id is not None and now_id != before else None
+                fresh = now_id is not None and now_id != before
+                outcome = _read_outcome(files.status, owner) if fresh else None
                 if outcome is not None or self.clock() >= deadline:
                     break
                 self.sleep(self.poll_interval)
@@ -495,7 +507,7 @@ class RequeueProtocol:
     def _finished(self, run: _Run, job: SlurmJob, files: JobFiles | None, before: tuple[int, int] | None) -> OpResult:
         status = None
         if files is not None and _file_id(files.status) != before:
-            status = _read_outcome(files.status)
+            status = _read_outcome(files.status, job.user)
         detail = f"job is {job.state}" + (f", wrapper reported {status}" if status else "")
         return run.result(Outcome.FINISHED, detail=detail)
 
@@ -540,7 +552,7 @@ class RequeueProtocol:
             raise ProtocolError(f"job {job_id} is {job.state}: suspend it (or wait) before resuming")
         node = placement.nodes[0]
         kind = gres_kind(job.tres_per_node)
-        gres = plan_gres(job, placement)
+        gres = plan_gres(job, placement, self.backend.capabilities())
         if ph is Phase.RELEASED:
             # Freeze it so Slurm cannot start it on the old request between the updates below.
             self._admin_hold(run, job)
@@ -631,7 +643,7 @@ class RequeueProtocol:
             run.skip(Step.SIGNAL, "already running there")
             return run.result(Outcome.RUNNING, placement)
         if ph is not Phase.FINISHED:
-            plan_gres(job, placement)  # refuse before stopping the job, not after
+            plan_gres(job, placement, self.backend.capabilities())  # refuse before stopping the job, not after
         if ph in (Phase.RUNNING, Phase.STOPPING, Phase.REQUEUED, Phase.RELEASED):
             first = self._suspend(run)
             if first.outcome is Outcome.FINISHED:
@@ -661,16 +673,18 @@ def typed_indices(tres_per_node: str) -> set[int]:
     return out
 
 
-def plan_gres(job: SlurmJob, placement: Placement) -> str:
+def plan_gres(job: SlurmJob, placement: Placement, caps: SlurmCapabilities) -> str:
     """The per-GPU typed gres that gives `job` exactly `placement`; ProtocolError where Slurm cannot.
 
-    The backend replaces a job's gpu request (Slurm 22.05 would merge an update into the old request; the
-    CLI backend clears it first). Shards cannot be replaced that way (clearing them crashes slurmctld
-    22.05) and a job cannot switch between gpu and shard: a job booked on shards keeps them and may
-    only add more, a job booked on whole GPUs is never packed. Jobs submitted without --gres can start
-    either way.
+    The backend replaces a job's request (where Slurm would merge an update into the old request, the CLI
+    backend clears it first). Where Slurm cannot switch a held job between gpu and shard
+    (`caps.gres_kind_switch` false: 22.05), shards cannot be replaced either (clearing them crashes
+    slurmctld): a job booked on shards keeps them and may only add more, a job booked on whole GPUs is never
+    packed; jobs submitted without --gres can start either way. Elsewhere any placement goes.
     """
     kind = gres_kind(job.tres_per_node)
+    if caps.gres_kind_switch:
+        return gres_for(placement)
     if kind is GresKind.SHARD:
         if not placement.shared:
             raise ProtocolError(_gres_refusal(job.job_id, kind, placement))
@@ -678,7 +692,8 @@ def plan_gres(job: SlurmJob, placement: Placement) -> str:
         want = set(placement.on_node(placement.nodes[0]))
         if not before <= want:
             raise ProtocolError(
-                f"job {job.job_id} holds shards of GPUs {sorted(before)}: Slurm 22.05 cannot take shards away "
+                f"job {job.job_id} holds shards of GPUs {sorted(before)}: Slurm {caps.release_text} cannot take "
+                "shards away "
                 f"from a job, so it cannot move to {placement}; pick GPUs that include {sorted(before)}"
             )
     elif kind is not GresKind.NONE and placement.shared:

@@ -267,7 +267,7 @@ def _run_round(
         # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
         # lower-priority jobs there once nothing younger than a min slice is left in its way.
         _hand_on(order, counts, res, back)
-        pool = GpuPool(view.topology, memo, strict_ties=strict_ties)
+        pool = GpuPool(view.topology, memo, strict_ties=strict_ties, ties=view.requeue_ties)
         hold = Placement(res.held)
         pool.book(hold)
         targets, pool = realize(
@@ -300,7 +300,7 @@ def _run_round(
             started.add(j.job_id)
     waiting = [j for j in waiting if j.job_id not in started]
     _unpack_lonely(jobs, final, targets, pool)
-    if knobs.pack and waiting:
+    if knobs.pack and view.packing and waiting:
         _pack(order, waiting, final, targets, pool, back)
     if knobs.migrate:
         _migrate(view, jobs, final, targets, pool, knobs, now, min_slice, grace)
@@ -345,7 +345,7 @@ def _reservation(
     if head is None or head.spec.min_gpus < 2:
         return None
     k = head.spec.min_gpus
-    tied = head.requeue_indices
+    tied = head.requeue_indices if view.requeue_ties else frozenset()
     rank = {j.job_id: i for i, j in enumerate(order)}
     mine = rank[head.job_id]
     holders: dict[str, list[tuple[Job, Placement]]] = {}  # node -> (job, the GPUs it holds or gets)

@@ -99,9 +99,12 @@ def _pool_template(topology: Topology) -> list[tuple[str, dict[GpuRef, GpuInfo],
 class GpuPool:
     """Which GPUs of the up nodes are free, whole or as shards, indexed for fast placement."""
 
-    def __init__(self, topology: Topology, memo: Memo | None = None, *, strict_ties: bool = False) -> None:
+    def __init__(
+        self, topology: Topology, memo: Memo | None = None, *, strict_ties: bool = False, ties: bool = True
+    ) -> None:
         self.topology = topology
         self.memo = memo if memo is not None else Memo()
+        self.ties = ties  # Slurm ties requeued jobs to their old GPU indices (`ClusterView.requeue_ties`)
         self.strict_ties = strict_ties  # `find`: never place a requeued job where Slurm would hold it
         self._settled: set[GpuRef] = set()  # booked by jobs that stay where they run (`settle`)
         self._nodes: dict[str, _NodeState] = {}
@@ -276,10 +279,11 @@ class GpuPool:
         A preference, not a rule: were it a rule, the count-based policies (AFS, the default) would keep
         giving GPUs to a job that cannot be placed and stopping others for it (hundreds of suspends per
         job on Philly's 0e4a51). Where only a tied node is left, the job may wait in Slurm there; with
-        `strict_ties` (Gandiva, whose leftover GPUs go to other waiting jobs) it gets none instead."""
+        `strict_ties` (Gandiva, whose leftover GPUs go to other waiting jobs) it gets none instead. Without
+        `ties` (a Slurm that does not tie requeued jobs) the old indices are only preferred."""
         if tied is None:
             tied = job.requeue_indices
-        if tied:
+        if tied and self.ties:
             found = self._find(job, gpus, tied, tied)
             if found is not None or self.strict_ties:
                 return found
@@ -483,7 +487,7 @@ def realize(
     `strict_ties`: see `GpuPool.find` (for the pool made here).
     """
     topo = view.topology
-    pool = pool or GpuPool(topo, memo, strict_ties=strict_ties)
+    pool = pool or GpuPool(topo, memo, strict_ties=strict_ties, ties=view.requeue_ties)
     out = Targets()
     kept: dict[str, Placement] = {}
     pending: list[Job] = []

@@ -150,6 +150,9 @@ class SimConfig:
     # Policies see only the rates each job was measured at, as the controller does (the jobs' tables
     # start empty: subclasses' make_jobs set them), instead of every job's true rate table.
     learn_rates: bool = False
+    # The simulated Slurm ties requeued jobs to their old GPU indices, as Slurm 22.05 does
+    # (`ClusterView.requeue_ties`; False for 23.02.2 and later).
+    requeue_ties: bool = True
 
     def topology(self) -> Topology:
         return Topology.uniform(
@@ -468,7 +471,9 @@ class Simulator:
                     p = r.job.placement
                     rates = rates.with_rate(p.count, self.topology.locality(p.gpus), r.rate)
                 r.job = _synced(r.job, min(r.progress, r.total), r.service, r.rate if trained else None, start, rates)
-            view = ClusterView(self.topology, tuple(r.job for r in active.values()), t)
+            view = ClusterView(
+                self.topology, tuple(r.job for r in active.values()), t, requeue_ties=self.config.requeue_ties
+            )
             plan = self.policy.decide(view, t)
             decisions += 1
             last_decision = t

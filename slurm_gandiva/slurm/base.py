@@ -5,7 +5,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
 
 class HoldKind(enum.Enum):
@@ -92,6 +95,9 @@ class Snapshot:
 class SlurmBackend(Protocol):
     """What the rest of the project may ask of Slurm. Every call raises slurm_gandiva.errors.SlurmError
     subclasses (SlurmUnreachable, PermissionDenied, UnknownJob, InvalidRequest) on failure."""
+
+    def capabilities(self) -> SlurmCapabilities:
+        """What the running Slurm can do (learned once, then cached): see slurm/capabilities.py."""
 
     def submit(self, req: SubmitRequest) -> str:
         """sbatch --parsable, always with --requeue and --open-mode=append; returns the job id."""

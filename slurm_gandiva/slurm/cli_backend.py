@@ -19,6 +19,7 @@ from slurm_gandiva.errors import (
 )
 from slurm_gandiva.slurm import parse
 from slurm_gandiva.slurm.base import SlurmJob, SlurmNode, Snapshot, SubmitRequest
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
 _UNREACHABLE = (
     "unable to contact slurm controller",
@@ -62,7 +63,8 @@ def _classify(what: str, stderr: str, rc: int) -> SlurmError:
 class CliBackend:
     """Talks to Slurm through its commands, run as argv lists with a timeout.
 
-    `env` is added to the caller's environment for every command (typically SLURM_CONF).
+    `env` is added to the caller's environment for every command (typically SLURM_CONF). `capabilities`
+    fixes what the running Slurm can do (tests); by default it is asked from slurmctld once, when needed.
     """
 
     def __init__(
@@ -71,10 +73,12 @@ class CliBackend:
         *,
         timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        capabilities: SlurmCapabilities | None = None,
     ) -> None:
         self.env = dict(env or {})
         self.timeout = timeout
         self._clock = clock
+        self._caps = capabilities
 
     # ----- plumbing -----
     def _run(
@@ -114,9 +118,17 @@ class CliBackend:
         return proc.stdout
 
     # ----- queries -----
+    def capabilities(self) -> SlurmCapabilities:
+        """The running slurmctld's release and behaviours, from `scontrol show config` (asked once)."""
+        if self._caps is None:
+            out = self._run(["scontrol", "show", "config"], "scontrol show config")
+            self._caps = SlurmCapabilities.from_config(out)
+        return self._caps
+
     def jobs(self) -> tuple[SlurmJob, ...]:
-        """Every job slurmctld knows (22.05's squeue --json ignores filters anyway)."""
-        out = self._run(["squeue", "--json"], "squeue")
+        """Every job slurmctld knows, finished ones included (newer squeue shows only active jobs by default;
+        22.05's squeue --json ignores filters and always lists every job)."""
+        out = self._run(["squeue", "--json", "--states=all"], "squeue")
         try:
             return parse.parse_squeue(parse.load_json(out, "squeue"))
         except parse.SlurmQueryError as exc:
@@ -140,7 +152,20 @@ class CliBackend:
 
     def job(self, job_id: str) -> SlurmJob:
         job_id = _job_id(job_id)
-        for j in self.jobs():
+        if self.capabilities().squeue_json_filters:
+            try:
+                out = self._run(["squeue", "--json", "--states=all", f"--jobs={job_id}"], "squeue")
+                found = parse.parse_squeue(parse.load_json(out, "squeue"))
+            except parse.SlurmQueryError as exc:
+                if any(s in str(exc).lower() for s in _UNKNOWN_JOB):
+                    found = ()
+                else:
+                    raise SlurmUnreachable(f"{exc}: is slurmctld running? try `gandiva devcluster status`") from None
+            except parse.ParseError as exc:
+                raise SlurmError(f"{exc}: report this with your Slurm version (`squeue --version`)") from None
+        else:
+            found = self.jobs()  # 22.05's squeue --json ignores --jobs: it prints every job anyway
+        for j in found:
             if j.job_id == job_id:
                 return j
         raise UnknownJob(f"job {job_id} not found: check the id with `squeue` (finished jobs vanish after MinJobAge)")
@@ -195,12 +220,14 @@ class CliBackend:
     def _set_gres(self, jid: str, gres: str) -> None:
         """Replace a pending job's gres with exactly `gres` (e.g. "gpu:g0:1,gpu:g2:1").
 
-        Slurm 22.05 MERGES a gres update into the job's earlier typed gres (gpu:g1 then gpu:g2,gpu:g3
-        runs on g1,g2,g3). For whole GPUs, clearing TresPerNode first makes the update a replacement.
-        Clearing a job's shards instead crashes slurmctld when it schedules the job (divide error:
-        "job_spec lacks GRES counter"), and Slurm refuses to switch a job between gpu and shard. So:
-        a job without gres may get anything; gpu -> gpu is cleared and replaced; shards may only be
-        kept or added to; anything else is refused here, before Slurm is touched.
+        Where Slurm MERGES a gres update into the job's earlier typed gres (22.05: gpu:g1 then gpu:g2,gpu:g3
+        runs on g1,g2,g3), clearing TresPerNode first makes the update a replacement for whole GPUs; there
+        clearing a job's shards crashes slurmctld when it schedules the job (divide error: "job_spec lacks
+        GRES counter") and a switch between gpu and shard is refused, so a job without gres may get
+        anything, gpu -> gpu is cleared and replaced, shards may only be kept or added to, and anything
+        else is refused here, before Slurm is touched. Where Slurm replaces the request and switches kinds
+        (`SlurmCapabilities.gres_kind_switch`), the update is one `scontrol update`. Either way the result
+        is read back and must be exactly `gres`.
         """
         new = parse.gres_request(gres)
         if not new:
@@ -212,24 +239,28 @@ class CliBackend:
         if old == new:
             return
         what = f"set gres of job {jid}"
+        caps = self.capabilities()
         old_kinds = {k for k, _ in old}
         new_kinds = {k for k, _ in new}
-        if old and old_kinds != new_kinds:
-            raise InvalidRequest(
-                f"{what}: Slurm cannot switch a job between whole GPUs and shards ({job.tres_per_node} -> {gres}); "
-                "submit managed jobs without --gres so their first placement can be either"
-            )
-        if "shard" in old_kinds and not old <= new:
-            raise InvalidRequest(
-                f"{what}: Slurm 22.05 cannot take shards away from a job ({job.tres_per_node} -> {gres}): "
-                "clearing them crashes slurmctld; keep the job's shards or only add to them"
-            )
-        if old and "shard" not in old_kinds:
+        if not caps.gres_kind_switch:
+            if old and old_kinds != new_kinds:
+                raise InvalidRequest(
+                    f"{what}: Slurm {caps.release_text} cannot switch a job between whole GPUs and shards "
+                    f"({job.tres_per_node} -> {gres}); submit managed jobs without --gres so their first "
+                    "placement can be either"
+                )
+            if "shard" in old_kinds and not old <= new:
+                raise InvalidRequest(
+                    f"{what}: Slurm {caps.release_text} cannot take shards away from a job ({job.tres_per_node} "
+                    f"-> {gres}): clearing them crashes slurmctld; keep the job's shards or only add to them"
+                )
+        clear = caps.gres_update_merges and bool(old) and "shard" not in old_kinds
+        if clear:
             self._run(["scontrol", "update", f"jobid={jid}", "TresPerNode="], f"{what} (clear)")
         try:
             self._run(["scontrol", "update", f"jobid={jid}", f"gres={gres}"], what)
         except SlurmError:
-            if old and "shard" not in old_kinds:
+            if clear:
                 # Never leave a cleared job behind: released like that it would run without GPUs.
                 restore = ",".join(f"{k}:{t}:{n}" for k, t, n in parse.gres_items(job.tres_per_node))
                 with contextlib.suppress(SlurmError):

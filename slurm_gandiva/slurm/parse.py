@@ -222,7 +222,12 @@ def _comment(value: Any) -> str:
 
 
 def _base_state(value: Any) -> str:
+    """The job's state in one word. COMPLETING wins, as in Slurm's own job_state_string(): 23.02 on lists
+    a requeued job still being torn down as ["PENDING", "COMPLETING"] (22.05 printed "COMPLETING"); it
+    holds its GPUs, and a begin time set before it has finished is overwritten when it does."""
     words = states(value)
+    if "COMPLETING" in words:
+        return "COMPLETING"
     for w in words:
         if w in _BASE_JOB_STATES:
             return w

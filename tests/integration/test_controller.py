@@ -32,7 +32,7 @@ import pytest
 from helpers import run_as
 
 from slurm_gandiva.devcluster.cluster import DevCluster
-from slurm_gandiva.model import GpuRef, Locality, Topology
+from slurm_gandiva.model import GpuRef, Locality, Placement, Topology
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from slurm_gandiva.store import Outcome, SliceEnd, Store
 from slurm_gandiva.submit.spec import SubmitSpec, write_spec
@@ -173,7 +173,8 @@ def reference_hash(tmp_path: Path, steps: int) -> str:
 
 
 class GpuWatch:
-    """Polls Slurm every 0.5 s and records any GPU held by two running jobs at once."""
+    """Polls Slurm every 0.5 s and records any GPU held by two running jobs at once, whole by two, whole and
+    as a shard, or as shards by more jobs than it has."""
 
     def __init__(self, slurm: SlurmBackend, jobs: list[str]) -> None:
         self.slurm, self.jobs = slurm, jobs
@@ -194,6 +195,7 @@ class GpuWatch:
         while not self._stop.wait(0.5):
             with contextlib.suppress(Exception):
                 whole: dict[GpuRef, str] = {}
+                shards: dict[GpuRef, list[str]] = {}
                 for j in self.slurm.jobs():
                     if not j.running:
                         continue
@@ -203,6 +205,14 @@ class GpuWatch:
                             if g in whole:
                                 self.conflicts.append(f"{g}: jobs {whole[g]} and {j.job_id}")
                             whole[g] = j.job_id
+                    for node, ixs in j.shards.items():
+                        for i in ixs:
+                            shards.setdefault(GpuRef(node, i), []).append(j.job_id)
+                for g, holders in shards.items():
+                    if g in whole:
+                        self.conflicts.append(f"{g}: job {whole[g]} whole and jobs {holders} as shards")
+                    if len(holders) > 2:  # the devcluster's shards per GPU
+                        self.conflicts.append(f"{g}: shards held by {holders}")
                 self.samples += 1
 
 
@@ -543,3 +553,38 @@ def test_a_node_failure_requeues_the_job_and_it_finishes_on_the_other_node(  # t
         assert sl[0].placement.nodes == (node,) and sl[0].end_reason is SliceEnd.REQUEUED, sl
         assert sl[-1].placement.nodes == (other,), sl
     assert "requeued" in env.log_text()
+
+
+def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(  # type: ignore[no-untyped-def]
+    env_factory, test_user: str, tmp_path: Path, slurm: SlurmBackend
+) -> None:
+    """One GPU, two light one-GPU jobs. Where Slurm keeps gpu and shard apart and switches held jobs between
+    them (`SlurmCapabilities.packing`, 23.11.5 on), the running job is moved onto a shard of the GPU and the
+    waiting one starts on the other (a PACK trial), both train at once, and the one left when the other
+    ends is unpacked onto the whole GPU. On 22.05 the controller never packs: the second job waits. Either
+    way the results equal uninterrupted runs and no GPU is ever double-booked."""
+    caps = slurm.capabilities()
+    steps_a, steps_b = 150, 50
+    env = env_factory({"n2": (1,)}, quantum=120, params="pack = yes\nmigrate = no\ngrow = no")
+    refs = {steps_a: reference_hash(tmp_path, steps_a), steps_b: reference_hash(tmp_path, steps_b)}
+    with GpuWatch(slurm, env.jobs) as watch, contextlib.closing(env.store()) as store:
+        env.start()
+        a = submit(env, test_user, steps=steps_a, sleep=0.3)
+        wait_for(lambda: store.slices(job_ids=[a]), 90, "the first job to start")
+        b = submit(env, test_user, steps=steps_b, sleep=0.3)
+        wait_for(lambda: all_finished(env) and store_settled(env), 240, "both jobs to finish")
+        sa, sb = store.slices(job_ids=[a]), store.slices(job_ids=[b])
+        if caps.packing:
+            assert [s.placement.shared for s in sa] == [False, True, False], sa  # whole, packed, unpacked
+            assert sb[0].placement.shared and sb[0].placement.gpus == sa[1].placement.gpus, sb
+            assert sa[1].start < sb[-1].end and sb[0].start < sa[1].end  # packed at the same time
+            assert sa[-1].placement == Placement((GpuRef("n2", 1),)), sa
+            packs = [d for d in store.decisions(job_ids=[a, b]) if "pack" in d.reason]
+            assert packs and all(d.outcome is Outcome.SUCCEEDED for d in packs), packs
+        else:
+            assert not any(s.placement.shared for s in sa + sb), (sa, sb)
+            assert sb[0].start >= sa[0].end - 1, (sa, sb)  # waited: never beside it
+        check_history(store, env.jobs)
+    assert final_hash(env, a) == refs[steps_a] and final_hash(env, b) == refs[steps_b]
+    assert watch.samples > 20 and not watch.conflicts, watch.conflicts
+    assert env.stop() == 0

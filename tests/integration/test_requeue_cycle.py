@@ -267,12 +267,13 @@ def test_suspend_escalates_when_the_job_ignores_the_signal(
     assert again.outcome is Outcome.SUSPENDED and all(s.skipped for s in again.steps)
 
 
-def test_slurm_keeps_a_requeued_jobs_gpu_indices(
+def test_a_requeued_jobs_old_gpu_indices_tie_it_as_the_capabilities_say(
     slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str]
 ) -> None:
-    """The Slurm 22.05 behaviour that placement works around (`Job.requeue_indices`, `GpuPool.find`): b,
-    requeued from n1:1, released onto n1:2 stays pending while c holds n1:1; onto n2, where nobody holds
-    a GPU 1, it starts at once. If a Slurm upgrade drops this, the workaround can go."""
+    """`SlurmCapabilities.requeue_keeps_gpu_indices`, which placement works around (`Job.requeue_indices`,
+    `GpuPool.find`): on 22.05 b, requeued from n1:1, released onto n1:2 stays pending while c holds n1:1;
+    onto n2, where nobody holds a GPU 1, it starts at once. From 23.02.2 on it starts on n1:2 at once."""
+    caps = slurm.capabilities()
     script = "#!/bin/bash\nwhile true; do sleep 0.2; done\n"
 
     def held_job(name: str) -> str:
@@ -295,6 +296,12 @@ def test_slurm_keeps_a_requeued_jobs_gpu_indices(
     assert proto.resume(b, on("n1", 1)).outcome is Outcome.RUNNING
     assert proto.suspend(b).outcome in (Outcome.SUSPENDED, Outcome.ESCALATED)
     assert proto.resume(c, on("n1", 1)).outcome is Outcome.RUNNING
+    if not caps.requeue_keeps_gpu_indices:
+        t0 = time.monotonic()
+        assert proto.resume(b, on("n1", 2)).outcome is Outcome.RUNNING  # c holds n1:1, b's old index
+        assert time.monotonic() - t0 < 8.0
+        assert slurm.job(b).gpus == {"n1": (2,)}
+        return
     proto.start_timeout = 8.0
     t0 = time.monotonic()
     with pytest.raises(ProtocolError, match="did not start"):

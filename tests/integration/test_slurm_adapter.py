@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from slurm_gandiva.requeue.contract import JOB_MARK
 from slurm_gandiva.slurm import make_backend, placement_gres
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SubmitRequest
 from slurm_gandiva.slurm.cli_backend import _classify
+from slurm_gandiva.slurm.parse import gres_request
 
 pytestmark = pytest.mark.slurm
 
@@ -137,20 +139,36 @@ def test_requeue_cycle_moves_a_user_job_to_other_gpus(
     assert done.state == "COMPLETED" and done.exit_code == 0
 
 
-def test_gres_updates_replace_whole_gpus_and_refuse_what_slurm_gets_wrong(
+def gres_of(slurm: SlurmBackend, jid: str) -> frozenset[tuple[str, str]]:
+    return gres_request(slurm.job(jid).tres_per_node)
+
+
+def test_gres_updates_replace_exactly_as_the_capabilities_say(
     slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]
 ) -> None:
-    """22.05 merges typed gres updates (g1 -> g2,g3 would run on g1,g2,g3): the backend replaces them."""
+    """Every update leaves exactly the asked gres. 22.05 merges typed gres updates (g1 -> g2,g3 would run
+    on g1,g2,g3: the backend clears first), refuses switching between gpu and shard and crashes on cleared
+    shards (the backend refuses those); 23.02 on replaces and switches (`gres_kind_switch`)."""
+    caps = slurm.capabilities()
     whole = submit(slurm, job_dir, cleanup_jobs, "--hold", "--gres=gpu:g1:1", "-w", "n1")
     slurm.update(whole, gres="gpu:g0:1,gpu:g2:1")
-    assert slurm.job(whole).tres_per_node.endswith("gpu:g0:1,gres:gpu:g2:1")
-    with pytest.raises(InvalidRequest, match="between whole GPUs and shards"):
-        slurm.update(whole, gres="shard:g0:1")
+    assert gres_of(slurm, whole) == {("gpu", "g0"), ("gpu", "g2")}
     bare = submit(slurm, job_dir, cleanup_jobs, "--hold", "-w", "n1")
     slurm.update(bare, gres="shard:g1:1")  # no gres yet: a first placement may be shards
-    with pytest.raises(InvalidRequest, match="cannot take shards away"):
-        slurm.update(bare, gres="shard:g3:1")
-    slurm.update(bare, gres="shard:g1:1,shard:g3:1")  # adding is fine
+    if caps.gres_kind_switch:
+        slurm.update(whole, gres="shard:g0:1")  # whole GPUs -> a shard (pack)
+        assert gres_of(slurm, whole) == {("shard", "g0")}
+        slurm.update(whole, gres="gpu:g0:1,gpu:g2:1")  # and back (unpack)
+        assert gres_of(slurm, whole) == {("gpu", "g0"), ("gpu", "g2")}
+        slurm.update(bare, gres="shard:g3:1")  # shards replaced
+        assert gres_of(slurm, bare) == {("shard", "g3")}
+    else:
+        with pytest.raises(InvalidRequest, match="between whole GPUs and shards"):
+            slurm.update(whole, gres="shard:g0:1")
+        with pytest.raises(InvalidRequest, match="cannot take shards away"):
+            slurm.update(bare, gres="shard:g3:1")
+    slurm.update(bare, gres="shard:g1:1,shard:g3:1")  # adding is fine everywhere
+    assert gres_of(slurm, bare) == {("shard", "g1"), ("shard", "g3")}
     untyped = submit(slurm, job_dir, cleanup_jobs, "--hold", "--gres=gpu:2", "-w", "n2")
     slurm.update(untyped, gres="gpu:g1:1,gpu:g3:1")  # as submitted by users: gpu:N -> exact GPUs
     for jid in (whole, bare, untyped):
@@ -161,6 +179,29 @@ def test_gres_updates_replace_whole_gpus_and_refuse_what_slurm_gets_wrong(
     assert dict(typed.gpus) == {"n2": (1, 3)}
     packed = wait_for(lambda: running(slurm, bare), what="packed job running")
     assert dict(packed.shards) == {"n1": (1, 3)} and packed.gpus == {}
+
+
+def test_slurm_keeps_gpu_and_shard_of_one_gpu_apart_as_the_capabilities_say(
+    slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]
+) -> None:
+    """A job holding GPU 2 whole and a job holding a shard of it never run at once (measured on every
+    supported release; where a release runs both, the capability must say so, and the controller never
+    books both anyway: `ClusterView.consistency_errors`)."""
+    caps = slurm.capabilities()
+    gpu = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g2:1", "-w", "n2")
+    wait_for(lambda: running(slurm, gpu), what="whole-GPU job running")
+    shard = submit(slurm, job_dir, cleanup_jobs, "--gres=shard:g2:1", "-w", "n2")
+    if caps.gpu_shard_exclusive:
+        waiting = wait_for(lambda: (j := slurm.job(shard)).reason == "Resources" and j, what="shard job waits")
+        assert waiting.pending
+        time.sleep(3)  # several scheduling passes (sched_interval=2)
+        assert slurm.job(shard).pending
+        slurm.cancel(gpu)
+        got = wait_for(lambda: running(slurm, shard), what="shard job running once GPU 2 is free")
+        assert dict(got.shards) == {"n2": (2,)}
+    else:
+        got = wait_for(lambda: running(slurm, shard), what="shard job running beside the whole-GPU job")
+        assert dict(got.shards) == {"n2": (2,)} and running(slurm, gpu) is not None
 
 
 def test_errors_map_to_the_hierarchy(slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]) -> None:

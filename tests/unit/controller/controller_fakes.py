@@ -11,6 +11,7 @@ from slurm_gandiva.errors import ProtocolError, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.protocol import Op, OpResult, Outcome, Step, StepRecord
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
 GRES = ",".join(f"gpu:g{i}:1" for i in range(4))
 
@@ -60,10 +61,14 @@ class FakeBackend:
         self.calls: list[tuple[str, str]] = []
         self.clock = clock
         self.lock = threading.Lock()
+        self.caps = SlurmCapabilities.for_release((22, 5, 8))
 
     def set(self, job: SlurmJob) -> None:
         with self.lock:
             self.jobs_by_id[job.job_id] = job
+
+    def capabilities(self) -> SlurmCapabilities:
+        return self.caps
 
     def snapshot(self) -> Snapshot:
         with self.lock:

@@ -13,6 +13,10 @@ from pathlib import Path
 
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, UnknownJob
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot, SubmitRequest
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities
+
+SLURM_22_05 = SlurmCapabilities.for_release((22, 5, 8))
+SLURM_24_11 = SlurmCapabilities.for_release((24, 11, 5))
 
 Key = tuple[str, str]  # (gres name, type or "" when untyped)
 
@@ -26,8 +30,10 @@ def parse_gres(gres: str) -> dict[Key, int]:
     return out
 
 
-def replace_gres(old: dict[Key, int], new: dict[Key, int]) -> dict[Key, int]:
+def replace_gres(old: dict[Key, int], new: dict[Key, int], caps: SlurmCapabilities = SLURM_22_05) -> dict[Key, int]:
     """The CLI backend's gres update: a replacement (it clears Slurm 22.05's merge); ValueError where it refuses."""
+    if caps.gres_kind_switch:
+        return dict(new)
     old_kinds = {k[0] for k, n in old.items() if n > 0}
     new_kinds = {k[0] for k, n in new.items() if n > 0}
     if old_kinds and old_kinds != new_kinds:
@@ -91,9 +97,13 @@ class FakeSlurm:
     calls: list[tuple[str, str, str]] = field(default_factory=list)
     lua_refuses: bool = False
     auto_tick: float = 0.0  # > 0: every job() call advances the fake clock (for code that sleeps for real)
+    caps: SlurmCapabilities = SLURM_22_05
 
     def __post_init__(self) -> None:
         self.clock.slurm = self
+
+    def capabilities(self) -> SlurmCapabilities:
+        return self.caps
 
     # -- test helpers ------------------------------------------------------------------------------
     def add(self, job: FakeJob) -> FakeJob:
@@ -233,7 +243,7 @@ class FakeSlurm:
         j = self._get(job_id)
         if "gres" in fields:
             try:
-                j.req = replace_gres(j.req, parse_gres(fields["gres"]))
+                j.req = replace_gres(j.req, parse_gres(fields["gres"]), self.caps)
             except ValueError as exc:
                 raise InvalidRequest(f"{exc} for job {job_id}") from None
             j.req_gres = fields["gres"]

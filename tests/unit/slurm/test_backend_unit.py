@@ -20,6 +20,9 @@ FAKE = """#!/bin/sh
 name=$(basename "$0")
 echo "$name $*" >> "$FAKE_LOG"
 if [ "$name" = sbatch ]; then cat > "$FAKE_LOG.stdin"; fi
+if [ "$name" = scontrol ] && [ "$1 $2" = "show config" ]; then
+  printf 'Configuration data as of now\nSLURM_VERSION           = %s\n' "${FAKE_SLURM_VERSION:-22.05.8}"; exit 0
+fi
 if [ -n "${FAKE_FAIL_MATCH:-}" ] && echo "$*" | grep -q -- "$FAKE_FAIL_MATCH"; then
   echo "Invalid generic resource (gres) specification for job 7" >&2; exit 1
 fi
@@ -47,7 +50,9 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def calls(log: Path) -> list[str]:
-    return log.read_text().splitlines() if log.exists() else []
+    """The commands run, but for `scontrol show config` (the backend's capability probe)."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [c for c in lines if c != "scontrol show config"]
 
 
 def squeue_json(*jobs: dict[str, object]) -> str:
@@ -221,3 +226,34 @@ def test_gres_strings() -> None:
     assert placement_gres(Placement((GpuRef("n1", 0), GpuRef("n2", 0)), shared=True)) == ("n1,n2", "shard:g0:1")
     with pytest.raises(Exception, match="different GPU indices"):
         placement_gres(Placement((GpuRef("n1", 0), GpuRef("n2", 1))))
+
+
+def test_capabilities_come_from_the_running_slurmctld_once(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SLURM_VERSION", "24.11.5")
+    b = CliBackend()
+    caps = b.capabilities()
+    assert caps.release == (24, 11, 5) and b.capabilities() is caps
+    assert fake.read_text().splitlines().count("scontrol show config") == 1
+
+
+def test_job_lookup_uses_squeue_filters_where_slurm_honours_them(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SLURM_VERSION", "24.11.5")
+    monkeypatch.setenv("FAKE_OUT_squeue", squeue_json({"job_id": 3, "job_state": "RUNNING"}))
+    assert CliBackend().job("3").running
+    assert "squeue --json --states=all --jobs=3" in calls(fake)
+    monkeypatch.setenv("FAKE_SLURM_VERSION", "22.05.8")
+    fake.unlink()
+    assert CliBackend().job("3").running
+    assert calls(fake) == ["squeue --json --states=all"]  # 22.05 ignores --jobs: one call lists every job
+
+
+@pytest.mark.parametrize(("old", "new"), [("gres/gpu:g1:1", "shard:g1:1"), ("gres/shard:g1:1", "gpu:g2:1"),
+                                          ("gres/shard:g1:1", "shard:g2:1"), ("gres/gpu:g1:1", "gpu:g2:1")])
+def test_gres_changes_are_one_update_where_slurm_replaces_and_switches(
+    fake: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str
+) -> None:
+    monkeypatch.setenv("FAKE_SLURM_VERSION", "24.11.5")
+    monkeypatch.setenv("FAKE_OUT_squeue", pending(old))
+    with pytest.raises(SlurmError, match="do not release"):  # the fake still reports the old gres afterwards
+        CliBackend().update("7", gres=new)
+    assert [c for c in calls(fake) if c.startswith("scontrol")] == [f"scontrol update jobid=7 gres={new}"]

@@ -132,6 +132,9 @@ def test_numbers_and_states() -> None:
     assert parse.states("idle+drain") == ["IDLE", "DRAIN"]
     job = parse.parse_job({"job_id": 9, "job_state": ["PENDING", "REQUEUE_HOLD"], "priority": 0})
     assert job.state == "PENDING" and job.hold is HoldKind.USER and job.reason == "None"
+    # 24.11: a requeued job still being torn down (measured: seconds after requeuehold)
+    tearing = parse.parse_job({"job_id": 9, "job_state": ["PENDING", "COMPLETING"], "state_reason": "JobHeldAdmin"})
+    assert tearing.state == "COMPLETING" and not tearing.pending and tearing.hold is HoldKind.NONE
 
 
 def test_gres_requests() -> None:

@@ -11,6 +11,7 @@ from slurm_gandiva import resources
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import Topology
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.topology.file import read_topology, topology_to_json, write_topology
 
 
@@ -65,7 +66,8 @@ def test_json_keeps_down_nodes_and_shards() -> None:
 
 def test_templates_found_and_rendered(tmp_path: Path) -> None:
     assert (resources.templates_dir() / "job_submit.lua").is_file()
-    c = DevCluster(tmp_path / "s", nodes=3, gpus_per_node=2, gpus_per_switch=1, sockets=2, port_base=30000)
+    c = DevCluster(tmp_path / "s", nodes=3, gpus_per_node=2, gpus_per_switch=1, sockets=2, port_base=30000,
+                   capabilities=SlurmCapabilities.for_release((22, 5, 8)))
     files = c._rendered()
     conf, gres = files["slurm.conf"], files["gres.conf"]
     assert "SlurmctldPort=30017" in conf
@@ -76,6 +78,9 @@ def test_templates_found_and_rendered(tmp_path: Path) -> None:
     assert f"NodeName=n2 Name=shard Type=g1 Count=2 File={c.state_dir}/dev/gpu1" in gres
     assert "slurm_job_modify" in files["job_submit.lua"]
     assert c.env == {"SLURM_CONF": str(c.state_dir / "etc" / "slurm.conf")}
+    assert "SelectTypeParameters=CR_Core\n" in conf  # 22.05 knows no MULTIPLE_SHARING_GRES_PJ
+    newer = DevCluster(tmp_path / "t", capabilities=SlurmCapabilities.for_release((24, 11, 5)))
+    assert "SelectTypeParameters=CR_Core,MULTIPLE_SHARING_GRES_PJ\n" in newer._rendered()["slurm.conf"]
 
 
 def test_bad_options(tmp_path: Path) -> None:
