@@ -1,19 +1,66 @@
-"""The one place that talks to Slurm. `make_backend()` gives the CLI backend (squeue/sinfo --json)."""
+"""The one place that talks to Slurm. `make_backend()` gives the pyslurm backend where a pyslurm of the running
+Slurm's release is installed, else the CLI backend (squeue/sinfo --json)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurm_gandiva.errors import BadRequest
+from slurm_gandiva.errors import BadRequest, ConfigError, SlurmError
 from slurm_gandiva.model import Placement
 from slurm_gandiva.slurm.base import SlurmBackend
 
+BACKEND_KINDS = ("auto", "cli", "pyslurm")
 
-def make_backend(env: Mapping[str, str] | None = None, *, timeout: float = 30.0) -> SlurmBackend:
-    """A CLI backend; `env` (e.g. {"SLURM_CONF": ...}) is added to every Slurm command's environment."""
+
+def make_backend(
+    env: Mapping[str, str] | None = None, *, timeout: float = 30.0, kind: str = "auto"
+) -> SlurmBackend:
+    """A backend for the Slurm that `env` names (e.g. {"SLURM_CONF": ...}, added to every Slurm command's
+    environment; pyslurm is initialised with the same slurm.conf).
+
+    kind "cli": the CLI backend. "pyslurm": the pyslurm backend, ConfigError (one line) if pyslurm cannot be
+    used or was built for another Slurm release than the running slurmctld's. "auto": what
+    GANDIVA_SLURM_BACKEND (in `env`, else the process environment) says if set, else pyslurm where it imports
+    and its Slurm major.minor is the running slurmctld's (asked once, here), else the CLI backend.
+    """
+    import os
+
     from slurm_gandiva.slurm.cli_backend import CliBackend
 
-    return CliBackend(env, timeout=timeout)
+    if kind == "auto":
+        kind = ((env or {}).get("GANDIVA_SLURM_BACKEND") or os.environ.get("GANDIVA_SLURM_BACKEND") or "auto").lower()
+    if kind not in BACKEND_KINDS:
+        raise ConfigError(
+            f"unknown Slurm backend {kind!r} (GANDIVA_SLURM_BACKEND): use one of {', '.join(BACKEND_KINDS)}"
+        )
+    if kind == "cli":
+        return CliBackend(env, timeout=timeout)
+    try:
+        return _pyslurm_backend(env, timeout)
+    except (ConfigError, SlurmError):
+        if kind == "pyslurm":
+            raise
+        return CliBackend(env, timeout=timeout)
+
+
+def _pyslurm_backend(env: Mapping[str, str] | None, timeout: float) -> SlurmBackend:
+    """The pyslurm backend if pyslurm imports and matches the running slurmctld's release; else ConfigError
+    (or SlurmError when slurmctld cannot be asked)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyslurm") is None:
+        raise ConfigError("pyslurm is not installed: pip install 'slurm-gandiva[pyslurm]' (Slurm 25.11 only)")
+    from slurm_gandiva.slurm.pyslurm_backend import PyslurmBackend, pyslurm_release, running_release
+
+    backend = PyslurmBackend(env, timeout=timeout)
+    built = pyslurm_release(backend._ps)
+    running = running_release(backend._ps)
+    if built != running[:2]:
+        raise ConfigError(
+            f"pyslurm is built for Slurm {built[0]}.{built[1]:02d} but slurmctld runs "
+            f"{running[0]}.{running[1]:02d}.{running[2]}: use the CLI backend (GANDIVA_SLURM_BACKEND=cli)"
+        )
+    return backend
 
 
 def gres_string(indices: tuple[int, ...] | list[int], *, shared: bool = False) -> str:

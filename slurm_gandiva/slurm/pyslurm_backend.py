@@ -1,0 +1,593 @@
+"""SlurmBackend over pyslurm (Slurm's C API in-process): queries and job actions without a fork per call.
+
+Optional: pyslurm is imported lazily, only when a `PyslurmBackend` is made, so the project works without it.
+A pyslurm release builds against its own Slurm major release only (pyslurm 25.11.x <-> Slurm 25.11), and
+libslurm keeps one configuration per process: the first backend binds the process to its SLURM_CONF, a second
+backend for another cluster in the same process is refused (use the CLI backend there).
+
+What runs where (pyslurm 25.11.2, read from its source):
+- jobs(), job(), snapshot(), nodes(): `pyslurm.Jobs.load` / `pyslurm.Job.load` / `pyslurm.Nodes.load`.
+- hold / release / update (node list, gres, begin time, time limit, name, comment, partition, excluded
+  nodes): `Job.modify` with a `JobSubmitDescription` (hold = priority 0 by root: an admin hold, as
+  `scontrol hold`); requeue_hold: `Job.requeue(hold=True)`; signal: `Job.send_signal(steps="batch"|"all")`;
+  cancel: `Job.send_signal(SIGKILL)` after looking the job up (pyslurm itself hides an unknown job there).
+- On the `sbatch` / `scancel` / `scontrol` / `squeue` CLI (a `CliBackend` kept inside):
+  * submit(): sbatch has far more options than `JobSubmitDescription` models (and job_submit.lua, the
+    environment, `#SBATCH` lines and `--as_user` are sbatch's own), so submissions stay on `sbatch`;
+  * cancel(as_user=...): acting as another user needs a process of that user;
+  * update() of a field this module does not map;
+  * capabilities(): `scontrol show config`, once per backend, so both backends learn exactly the same;
+  * the GPU indices of a job whose GPUs cannot be read from its request (below), and its reason where
+    slurmctld gave a free-text description that does not name the reason (below): one
+    `squeue --json --jobs=...` for all such jobs of a query.
+- Not exposed by pyslurm 25.11's Job / Node objects, and how this backend gets them:
+  * a job's per-node GRES detail (`gres_detail_str`, the GPU indices it holds): derived from its
+    `tres_per_node` where every GPU / shard it asks for is typed with a per-GPU type `gK` (the layout
+    gres.conf generation and the devcluster use: type gK is GPU K), since Slurm then allocates exactly those
+    types on every node of the job; any other running job (untyped `gpu:2`, other types, no GPU in its
+    per-node request: `--gpus`, `--gpus-per-task` and `tres_per_job` are not readable through pyslurm 25.11,
+    whose TrackableResources parser drops "gres/gpu:N") and a job being torn down are read from squeue;
+  * the job state's flags (`Job.state` is Slurm's one-word `job_state_string`, where a flag such as
+    REQUEUED or SIGNALING hides the base state): mapped back to the base state squeue lists first;
+  * the reason enum where slurmctld set a description (`Job.state_reason` prefers `state_desc`): mapped
+    back for the descriptions slurmctld writes on requeues ("job requeued in held state" -> JobHeldUser);
+  * a node's `gres_used`: rebuilt in Slurm's own format from the jobs that hold GPUs on it;
+  * a job's `std_out` as submitted: pyslurm gives the expanded path (".../123.out" where squeue prints
+    ".../%j.out"); the project reads neither, and this is the one field where the backends differ.
+Timeouts: libslurm's own (MessageTimeout, retries), not `timeout`, bound the pyslurm calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import signal as _signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import ModuleType
+from typing import Any
+
+from slurm_gandiva.errors import (
+    ConfigError,
+    InvalidRequest,
+    PermissionDenied,
+    SlurmError,
+    SlurmUnreachable,
+    UnknownJob,
+)
+from slurm_gandiva.slurm import parse
+from slurm_gandiva.slurm.base import SlurmJob, SlurmNode, Snapshot, SubmitRequest
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities
+from slurm_gandiva.slurm.cli_backend import CliBackend
+
+PYSLURM_REQUIREMENT = "pyslurm==25.11.2"
+_BOUND_ATTR = "_slurm_gandiva_conf"  # set on the pyslurm module: the slurm.conf libslurm was initialised with
+
+# Slurm's errno values (slurm_errno.h, 25.11).
+_ACCESS_DENIED = 2002
+_USER_ID_MISSING = 2010
+_INVALID_JOB_ID = 2017
+_ALREADY_DONE = 2021
+_JOB_FINISHED = 2084
+
+# `job_state_string` returns a flag's name before the base state; these flags only occur on one base state.
+_FLAG_BASE = {
+    "REQUEUED": "PENDING",  # requeued, still being torn down (COMPLETING wins while it is)
+    "REQUEUE_FED": "PENDING",
+    "REQUEUE_HOLD": "PENDING",
+    "SPECIAL_EXIT": "PENDING",
+    "RESV_DEL_HOLD": "PENDING",
+    "EXPEDITING": "PENDING",  # 25.11: a requeued job checked for --requeue=expedite
+    "CONFIGURING": "RUNNING",
+    "RESIZING": "RUNNING",
+    "SIGNALING": "RUNNING",  # SIGSTOP / SIGCONT being delivered to a running job
+    "STOPPED": "RUNNING",  # SIGSTOPped
+}
+_BASE_STATES = (
+    "PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
+    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "COMPLETING",
+)
+# Descriptions slurmctld sets together with a reason (job_mgr.c): description prefix -> reason.
+_DESC_REASON = (
+    ("job requeued in held state", "JobHeldUser"),
+    ("job requeued in special exit state", "JobHeldUser"),
+    ("launch failed requeued held", "JobHeldUser"),
+    ("user env retrieval failed requeued held", "JobHeldUser"),
+    ("launch failure limit exceeded requeued held", "JobHoldMaxRequeue"),
+    ("RaisedSignal:", "RaisedSignal"),
+)
+_REASON_WORD = re.compile(r"[A-Za-z0-9]+")
+_TYPED_GPU = re.compile(r"g(\d+)")
+_HOLDS_GPUS = ("RUNNING", "SUSPENDED")
+# update() fields this backend sets through Job.modify: scontrol's name (lower case) -> JobSubmitDescription.
+_MODIFY_FIELDS = {
+    "nodelist": "required_nodes",
+    "reqnodelist": "required_nodes",
+    "starttime": "begin_time",
+    "begintime": "begin_time",
+    "timelimit": "time_limit",
+    "name": "name",
+    "jobname": "name",
+    "comment": "comment",
+    "partition": "partitions",
+    "excnodelist": "excluded_nodes",
+}
+
+
+def load_pyslurm(slurm_conf: str | None) -> Any:
+    """Import pyslurm with libslurm initialised from `slurm_conf` (None: libslurm's default lookup).
+
+    libslurm holds one configuration per process: if pyslurm is already initialised for another slurm.conf,
+    ConfigError. ImportError / OSError (no pyslurm, or no libslurm of its release) -> ConfigError.
+    """
+    conf = os.path.abspath(slurm_conf) if slurm_conf else None
+    if conf is None or not os.path.isfile(conf):
+        # libslurm ends the whole process (fatal) on a slurm.conf it cannot read: never let it try.
+        raise ConfigError(
+            f"the pyslurm backend needs SLURM_CONF naming a readable slurm.conf (got {slurm_conf or 'none'}): "
+            "set it, or use the CLI backend"
+        )
+    mod: Any = sys.modules.get("pyslurm")
+    if mod is None:
+        try:
+            os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"  # read by pyslurm's import; init below, explicitly
+            try:
+                mod = importlib.import_module("pyslurm")
+            finally:
+                os.environ.pop("PYSLURM_DISABLE_AUTO_INIT", None)
+        except (ImportError, OSError) as exc:
+            raise ConfigError(
+                f"pyslurm is not usable here ({str(exc).splitlines()[0]}): install {PYSLURM_REQUIREMENT} against "
+                "Slurm 25.11 and put Slurm's lib/ on LD_LIBRARY_PATH, or use the CLI backend"
+            ) from None
+        mod.slurm_init(conf)
+        setattr(mod, _BOUND_ATTR, conf)
+    elif not hasattr(mod, _BOUND_ATTR):
+        # Imported by someone else: pyslurm's own import initialised libslurm from the environment.
+        env_conf = os.environ.get("SLURM_CONF")
+        setattr(mod, _BOUND_ATTR, os.path.abspath(env_conf) if env_conf else None)
+    bound = getattr(mod, _BOUND_ATTR)
+    if conf is not None and bound != conf:
+        raise ConfigError(
+            f"pyslurm in this process already talks to the Slurm of {bound or 'the default slurm.conf'}, not "
+            f"{conf}: libslurm holds one configuration per process; use the CLI backend for the second cluster"
+        )
+    return mod
+
+
+def pyslurm_release(mod: ModuleType) -> tuple[int, int]:
+    """The Slurm major.minor the installed pyslurm was built for (its libslurm API version)."""
+    api = getattr(mod, "slurm_api_version", None)
+    if callable(api):
+        with contextlib.suppress(Exception):
+            major, minor, *_ = api()
+            return int(major), int(minor)
+    m = re.match(r"(\d+)\.(\d+)", str(getattr(mod, "__version__", "")))
+    if not m:
+        raise ConfigError("cannot tell which Slurm release the installed pyslurm is for: reinstall it")
+    return int(m.group(1)), int(m.group(2))
+
+
+def running_release(mod: ModuleType) -> tuple[int, int, int]:
+    """The running slurmctld's release, asked through pyslurm (slurm_load_ctl_conf)."""
+    try:
+        conf = mod.slurmctld.Config.load()
+    except Exception as exc:
+        raise _rpc_error("read slurmctld's config", exc) from None
+    from slurm_gandiva.slurm.capabilities import parse_version
+
+    return parse_version(str(conf.version))
+
+
+def _rpc_error(what: str, exc: BaseException) -> SlurmError:
+    """A pyslurm exception -> the project's hierarchy, with the same one-line advice as the CLI backend."""
+    if isinstance(exc, SlurmError):
+        return exc
+    errno = getattr(exc, "errno", None)
+    msg = " ".join(str(getattr(exc, "msg", None) or exc).split()) or type(exc).__name__
+    low = msg.lower()
+    if errno == _INVALID_JOB_ID or "invalid job id" in low:
+        return UnknownJob(f"{what}: {msg}: check the job id with `squeue` (finished jobs vanish after MinJobAge)")
+    if errno in (_ACCESS_DENIED, _USER_ID_MISSING) or "permission denied" in low or "not authorized" in low:
+        return PermissionDenied(f"{what}: {msg}: only the job's owner, root or the gandiva controller may do this")
+    if (isinstance(errno, int) and (
+        1000 <= errno < 1100 or 1800 <= errno < 1900 or 5000 <= errno < 5100 or 6000 <= errno < 6100
+    )) or any(s in low for s in ("unable to contact slurm controller", "socket timed out", "connection refused",
+                                "zero bytes were transmitted", "munge")):
+        return SlurmUnreachable(f"{what}: {msg}: is slurmctld running? try `gandiva devcluster status`")
+    return InvalidRequest(f"{what}: Slurm refused the request ({msg})")
+
+
+def _job_id(job_id: str) -> str:
+    jid = str(job_id).strip()
+    if not re.fullmatch(r"\d+(_\d+)?", jid):
+        raise InvalidRequest(f"bad job id {job_id!r}: a job id is a number like 1234")
+    return jid
+
+
+def _num(value: Any) -> int:
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def base_state(word: str) -> str | None:
+    """Slurm's `job_state_string` word -> the base state squeue --json lists first; None: cannot tell."""
+    w = word.upper()
+    if w in _BASE_STATES:
+        return w
+    return _FLAG_BASE.get(w)
+
+
+def reason_of(text: str) -> str | None:
+    """pyslurm's `state_reason` (the description when slurmctld set one) -> the reason enum's name; None:
+    a description that does not say which reason it goes with."""
+    if not text:
+        return "None"
+    if _REASON_WORD.fullmatch(text):
+        return text
+    for prefix, reason in _DESC_REASON:
+        if text.startswith(prefix):
+            return reason
+    head = re.match(r"([A-Za-z0-9]+)[,:]", text)  # "ReqNodeNotAvail, UnavailableNodes:n1", "Dependency:..."
+    return head.group(1) if head else None
+
+
+def gres_string(gres: Mapping[str, Any]) -> str:
+    """pyslurm's gres dict ({"gres/gpu:g0": 1} or {"gpu:g0": 1}) back to Slurm's string."""
+    out = []
+    for key, val in gres.items():
+        count = val.get("count") if isinstance(val, Mapping) else val
+        out.append(f"{key}:{_num(count)}")
+    return ",".join(out)
+
+
+def typed_allocation(tres_per_node: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(gpu indices, shard indices) a running job holds on EACH of its nodes, read from its per-node request
+    when every GPU / shard item is typed gK; None when the request does not say (untyped, other types)."""
+    gpus: set[int] = set()
+    shards: set[int] = set()
+    for name, typ, count in parse.gres_items(tres_per_node):
+        if name not in ("gpu", "shard"):
+            continue
+        m = _TYPED_GPU.fullmatch(typ)
+        if not m or (name == "gpu" and count != 1):
+            return None
+        if count > 0:
+            (gpus if name == "gpu" else shards).add(int(m.group(1)))
+    return tuple(sorted(gpus)), tuple(sorted(shards))
+
+
+class PyslurmBackend:
+    """The SlurmBackend over pyslurm (see the module docstring for what stays on the CLI and why).
+
+    `env` is the environment the CLI parts run with and names the cluster (SLURM_CONF); pyslurm is bound to
+    the same slurm.conf. ConfigError if pyslurm cannot be used here.
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        capabilities: SlurmCapabilities | None = None,
+        cli: CliBackend | None = None,
+    ) -> None:
+        self.env = dict(env or {})
+        self.timeout = timeout
+        self._clock = clock
+        conf = self.env.get("SLURM_CONF") or os.environ.get("SLURM_CONF")
+        self._ps = load_pyslurm(conf)
+        self.cli = cli or CliBackend(self.env, timeout=timeout, clock=clock, capabilities=capabilities)
+
+    # ----- queries -----
+    def capabilities(self) -> SlurmCapabilities:
+        """As the CLI backend learns them (`scontrol show config`, asked once): the same object either way."""
+        return self.cli.capabilities()
+
+    def _load_jobs(self) -> list[Any]:
+        try:
+            jobs = self._ps.Jobs.load(preload_passwd_info=True)
+        except Exception as exc:
+            raise _rpc_error("load jobs", exc) from None
+        return list(jobs.values())
+
+    def _load_nodes(self) -> list[Any]:
+        try:
+            nodes = self._ps.Nodes.load()
+        except Exception as exc:
+            raise _rpc_error("load nodes", exc) from None
+        return list(nodes.values())
+
+    def jobs(self) -> tuple[SlurmJob, ...]:
+        """Every job slurmctld knows, finished ones included (as `squeue --states=all`)."""
+        return self._convert(self._load_jobs())
+
+    def nodes(self) -> tuple[SlurmNode, ...]:
+        jobs = self.jobs()
+        return self._nodes(self._load_nodes(), jobs)
+
+    def snapshot(self) -> Snapshot:
+        jobs = self.jobs()
+        nodes = self._nodes(self._load_nodes(), jobs)
+        return Snapshot(jobs=jobs, nodes=nodes, taken_at=self._clock())
+
+    def job(self, job_id: str) -> SlurmJob:
+        jid = _job_id(job_id)
+        if "_" in jid:
+            return self.cli.job(jid)  # an array task named as A_T: squeue resolves it
+        try:
+            raw = self._ps.Job.load(int(jid))
+        except Exception as exc:
+            err = _rpc_error(f"job {jid}", exc)
+            if isinstance(err, UnknownJob):
+                raise UnknownJob(
+                    f"job {jid} not found: check the id with `squeue` (finished jobs vanish after MinJobAge)"
+                ) from None
+            raise err from None
+        return self._convert([raw])[0]
+
+    def _convert(self, raws: Iterable[Any]) -> tuple[SlurmJob, ...]:
+        out: list[SlurmJob | None] = []
+        ask: dict[int, str] = {}  # position -> job id, for the jobs squeue must complete
+        for raw in raws:
+            job = self._job(raw)
+            if job is None:
+                ask[len(out)] = str(raw.id)
+            out.append(job)
+        if ask:
+            by_id = {j.job_id: j for j in self._cli_jobs(sorted(set(ask.values()), key=int))}
+            for pos, jid in ask.items():
+                got = by_id.get(jid)
+                if got is None:  # gone between the two queries: read it once more alone
+                    got = self.cli.job(jid)
+                out[pos] = got
+        return tuple(j for j in out if j is not None)
+
+    def _cli_jobs(self, ids: list[str]) -> tuple[SlurmJob, ...]:
+        """The given jobs from squeue --json (one call)."""
+        try:
+            text = self.cli._run(["squeue", "--json", "--states=all", f"--jobs={','.join(ids)}"], "squeue")
+            return parse.parse_squeue(parse.load_json(text, "squeue"))
+        except parse.SlurmQueryError:
+            return ()  # e.g. one of them vanished: the caller asks for each alone
+        except parse.ParseError as exc:
+            raise SlurmError(f"{exc}: report this with your Slurm version (`squeue --version`)") from None
+
+    def _job(self, raw: Any) -> SlurmJob | None:
+        """One pyslurm Job -> SlurmJob, or None where only squeue can say (see the module docstring)."""
+        word = _text(raw.state)
+        state = base_state(word)
+        reason = reason_of(_text(raw.state_reason))
+        if state is None or reason is None:
+            return None
+        tres_per_node = gres_string(raw.gres_per_node or {})
+        alloc = parse.expand_hostlist(_text(raw.allocated_nodes))
+        gpus: dict[str, tuple[int, ...]] = {}
+        shards: dict[str, tuple[int, ...]] = {}
+        if state == "COMPLETING" and alloc:
+            return None  # being torn down: whether Slurm still lists its GPUs, only squeue says
+        if state in _HOLDS_GPUS and alloc:
+            derived = typed_allocation(tres_per_node)
+            if derived is None or not any(derived):
+                # Untyped or other types, or no GPU in the per-node request (a --gpus / --gpus-per-task job's
+                # request is not readable through pyslurm 25.11): only squeue's gres detail says.
+                return None
+            g, s = derived
+            gpus = {n: g for n in alloc if g}
+            shards = {n: s for n in alloc if s}
+        priority = raw.priority
+        hold = parse.hold_kind(state, reason, -1 if priority is None else _num(priority))
+        nodes = alloc or parse.expand_hostlist(_text(raw.required_nodes))
+        exit_code: int | None = None
+        if state not in ("PENDING", "RUNNING"):
+            sig = _num(raw.exit_code_signal)
+            exit_code = 128 + sig if sig else _num(raw.exit_code)
+        return SlurmJob(
+            job_id=str(raw.id),
+            name=_text(raw.name),
+            user=_text(raw.user_name),
+            state=state,
+            reason=reason,
+            hold=hold,
+            nodes=nodes,
+            gpus=gpus,
+            shards=shards,
+            restart_count=_num(raw.requeue_count),
+            comment=_text(raw.comment),
+            partition=_text(raw.partition),
+            submit_time=float(_num(raw.submit_time)),
+            start_time=float(_num(raw.start_time)),
+            end_time=float(_num(raw.end_time)),
+            exit_code=exit_code,
+            tres_per_node=tres_per_node,
+            work_dir=_text(raw.working_directory),
+            std_out=_text(raw.standard_output),
+        )
+
+    def _nodes(self, raws: Iterable[Any], jobs: tuple[SlurmJob, ...]) -> tuple[SlurmNode, ...]:
+        out = []
+        for raw in raws:
+            name = _text(raw.name)
+            gres = gres_string(raw.configured_gres or {})
+            out.append(SlurmNode(
+                name=name,
+                state=_text(raw.state) or "UNKNOWN",
+                partitions=tuple(_text(p) for p in (raw.partitions or ())),
+                gres=gres,
+                gres_used=gres_used(gres, name, jobs),
+                cpus=_num(raw.total_cpus),
+                sockets=_num(raw.sockets),
+            ))
+        return tuple(sorted(out, key=lambda n: n.name))
+
+    # ----- actions -----
+    def _handle(self, jid: str) -> Any:
+        """A pyslurm Job handle for actions (no query); A_T array ids are resolved to the task's job id."""
+        if "_" in jid:
+            jid = self.job(jid).job_id
+        return self._ps.Job(int(jid))
+
+    def _act(self, what: str, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except Exception as exc:
+            raise _rpc_error(what, exc) from None
+
+    def submit(self, req: SubmitRequest) -> str:
+        """`sbatch` (the CLI backend): see the module docstring."""
+        return self.cli.submit(req)
+
+    def signal(self, job_id: str, signal_name: str, *, batch_only: bool = True) -> None:
+        sig = signal_name.strip().upper().removeprefix("SIG")
+        if not re.fullmatch(r"[A-Z0-9]+", sig):
+            raise InvalidRequest(f"bad signal name {signal_name!r}: use a name like USR2")
+        try:
+            num = int(sig) if sig.isdigit() else int(getattr(_signal, f"SIG{sig}"))
+        except AttributeError:
+            raise InvalidRequest(f"bad signal name {signal_name!r}: use a name like USR2") from None
+        jid = _job_id(job_id)
+        job = self._handle(jid)
+        what = f"signal {sig} to job {jid}"
+        try:
+            job.send_signal(num, steps="batch" if batch_only else "all")
+        except Exception as exc:
+            err = _rpc_error(what, exc)
+            if getattr(exc, "errno", None) in (_ALREADY_DONE, _JOB_FINISHED):
+                # pyslurm passes "already done" over in silence for signals; scancel reports it: so do we.
+                raise InvalidRequest(f"{what}: Slurm refused the request (Job/step already completing or "
+                                     "completed)") from None
+            raise err from None
+
+    def requeue_hold(self, job_id: str) -> None:
+        jid = _job_id(job_id)
+        job = self._handle(jid)
+        self._act(f"requeuehold job {jid}", lambda: job.requeue(hold=True))
+
+    def hold(self, job_id: str) -> None:
+        """priority 0 (an admin hold when the caller is root / SlurmUser), as `scontrol hold`."""
+        jid = _job_id(job_id)
+        job = self._handle(jid)
+        self._act(f"hold job {jid}", job.hold)
+
+    def release(self, job_id: str) -> None:
+        jid = _job_id(job_id)
+        job = self._handle(jid)
+        self._act(f"release job {jid}", job.release)
+
+    def update(self, job_id: str, **fields: str) -> None:
+        """As `scontrol update jobid=JOB k=v ...`: the mapped fields in one `Job.modify`, a `gres=` change
+        through `_set_gres` (replace exactly, read back), any other field through `scontrol update`."""
+        if not fields:
+            return
+        jid = _job_id(job_id)
+        changes: dict[str, Any] = {}
+        other: dict[str, str] = {}
+        gres: str | None = None
+        for key, value in fields.items():
+            if not re.fullmatch(r"[A-Za-z][A-Za-z_]*", key) or key.lower() in ("jobid", "tresspernode",
+                                                                                "trespernode"):
+                raise InvalidRequest(f"bad job field {key!r} for scontrol update (set GPUs with gres=...)")
+            if any(c.isspace() for c in str(value)) or not str(value):
+                raise InvalidRequest(f"bad value {value!r} for {key}: no whitespace, not empty")
+            low = key.lower()
+            if low == "gres":
+                gres = str(value)
+            elif low in _MODIFY_FIELDS:
+                changes[_MODIFY_FIELDS[low]] = _modify_value(low, str(value), self._clock)
+            else:
+                other[key] = str(value)
+        if gres is not None:
+            self._set_gres(jid, gres)
+        if changes:
+            self._modify(jid, f"update job {jid}", **changes)
+        if other:
+            self.cli.update(jid, **other)
+
+    def _modify(self, jid: str, what: str, **changes: Any) -> None:
+        try:
+            desc = self._ps.JobSubmitDescription(**changes)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequest(f"{what}: {exc}") from None
+        job = self._handle(jid)
+        self._act(what, lambda: job.modify(desc))
+
+    def _set_gres(self, jid: str, gres: str) -> None:
+        """Replace a pending job's gres with exactly `gres` and read it back (as the CLI backend does). The
+        releases pyslurm exists for (25.11) replace a gres request and switch gpu <-> shard in one update
+        (`SlurmCapabilities.gres_kind_switch`, not `gres_update_merges`); on others this refuses."""
+        new = parse.gres_request(gres)
+        if not new:
+            raise InvalidRequest(f"bad gres {gres!r}: use e.g. gpu:g0:1,gpu:g2:1 or shard:g1:1")
+        job = self.job(jid)
+        if not job.pending:
+            raise InvalidRequest(f"job {jid} is {job.state}: hold it (held requeue) before changing its GPUs")
+        if parse.gres_request(job.tres_per_node) == new:
+            return
+        what = f"set gres of job {jid}"
+        caps = self.capabilities()
+        if caps.gres_update_merges or not caps.gres_kind_switch:
+            raise InvalidRequest(f"{what}: Slurm {caps.release_text} merges gres updates: use the CLI backend")
+        self._modify(jid, what, gres_per_node=gres)
+        now = parse.gres_request(self.job(jid).tres_per_node)
+        if now != new:
+            raise SlurmError(f"{what}: Slurm kept {sorted(now)} instead of {sorted(new)}: do not release the job")
+
+    def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
+        """As scancel JOB: a job that already finished counts as cancelled, an unknown one is UnknownJob
+        (pyslurm's own cancel passes it over). As another user: `scancel` run as that user."""
+        jid = _job_id(job_id)
+        if as_user is not None:
+            self.cli.cancel(jid, as_user=as_user)
+            return
+        job = self.job(jid)  # UnknownJob, as scancel says "Invalid job id specified"
+        if job.finished:
+            return
+        handle = self._ps.Job(int(job.job_id))
+        self._act(f"cancel job {jid}", handle.cancel)
+
+
+def _modify_value(field: str, value: str, clock: Callable[[], float]) -> Any:
+    if field in ("starttime", "begintime") and value.lower() == "now":
+        return int(clock())
+    if field in ("nodelist", "reqnodelist", "excnodelist", "partition"):
+        return ",".join(value.split(","))
+    return value
+
+
+def gres_used(configured: str, node: str, jobs: Iterable[SlurmJob]) -> str:
+    """A node's used GRES in sinfo's format ("gpu:g0:1(IDX:0),gpu:g1:0(IDX:N/A),shard:g2:1(1/2)"), from the
+    jobs holding GPUs on it, for per-GPU typed gres (gpu:gK:1, shard:gK:n); other layouts: ""."""
+    gpu_busy: set[int] = set()
+    shard_busy: dict[int, int] = {}
+    for j in jobs:
+        if not j.running and j.state != "SUSPENDED":
+            continue
+        gpu_busy.update(j.gpus.get(node, ()))
+        per = {t: c for n, t, c in parse.gres_items(j.tres_per_node) if n == "shard"}
+        for k in j.shards.get(node, ()):
+            shard_busy[k] = shard_busy.get(k, 0) + per.get(f"g{k}", 1)
+    out = []
+    for name, typ, count in parse.gres_items(configured):
+        m = _TYPED_GPU.fullmatch(typ)
+        if not m:
+            return ""
+        k = int(m.group(1))
+        if name == "gpu":
+            used = 1 if k in gpu_busy else 0
+            out.append(f"gpu:{typ}:{used}(IDX:{k if used else 'N/A'})")
+        elif name == "shard":
+            used = shard_busy.get(k, 0)
+            out.append(f"shard:{typ}:{used}({used}/{count})")
+        else:
+            out.append(f"{name}:{typ}:0")
+    return ",".join(out)
