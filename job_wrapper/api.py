@@ -38,6 +38,8 @@ from slurm_gandiva.requeue.contract import (
     PROGRESS_INTERVAL_ENV,
     SIGNAL_ENV,
     ExitCode,
+    StateDirError,
+    ensure_state_dir,
     job_files,
     signal_from_name,
 )
@@ -142,7 +144,17 @@ class Session:
     ) -> None:
         self.rank, self.world_size = rank_and_world_size()
         self.files = job_files(state_dir)
-        self.files.root.mkdir(parents=True, exist_ok=True)
+        try:
+            if not self.files.root.parent.exists():  # outside the wrapper (which makes it): a new tree
+                self.files.root.parent.mkdir(parents=True, exist_ok=True)
+            ensure_state_dir(self.files.root)  # 0700; refused: planted, writable by others, unwritable
+        except (StateDirError, OSError) as exc:
+            why = exc if isinstance(exc, StateDirError) else f"cannot create {self.files.root}: {exc.strerror}"
+            print(f"gandiva: {why}", file=sys.stderr, flush=True)
+            raise SystemExit(int(ExitCode.FAILED)) from None
+        self.identity = ckpt.job_identity()  # the job the checkpoints belong to (None outside Slurm)
+        self._saved_dataset_size: int | None = None  # from the checkpoint resumed, when it recorded one
+        self._dataset_size: int | None = None
         self.seed = seed
         self._objects: dict[str, Stateful] = {"model": model}
         if optimizer is not None:
@@ -239,6 +251,13 @@ class Session:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         n = _len(dataset)
+        if self._saved_dataset_size is not None and n != self._saved_dataset_size:
+            self._fail(
+                f"the dataset has {n} samples but {self.resumed_from} was taken over {self._saved_dataset_size}: "
+                "resuming would skip or repeat samples; restore the dataset, or delete the checkpoint files "
+                f"in {self.files.root} to start from scratch"
+            )
+        self._dataset_size = n
         epoch_len = n - n % batch_size if drop_last else n
         if epoch_len == 0:
             raise ValueError(f"dataset of {n} samples gives no batch of {batch_size}")
@@ -362,6 +381,8 @@ class Session:
             "seed": self.seed,
             "world_size": self.world_size,
             "rng": rngs if rngs is not None else [ckpt.capture_rng()],
+            "job": self.identity,
+            "dataset_size": self._dataset_size if self._dataset_size is not None else self._saved_dataset_size,
         }
         for name, obj in self._objects.items():
             st[name] = _unwrap(obj).state_dict() if name == "model" else obj.state_dict()
@@ -439,6 +460,10 @@ class Session:
                 append_event(self.files.events, "fresh_start", world_size=self.world_size)
             return
         st = loaded.state
+        try:
+            ckpt.check_identity(st, self.identity, str(loaded.path), self.files.root)
+        except ckpt.CheckpointError as exc:
+            self._fail(str(exc))
         if st.get("format") != FORMAT:
             self._fail(f"{loaded.path} has checkpoint format {st.get('format')!r}, expected {FORMAT}")
         if self.rank == 0 and loaded.fallback_reason:
@@ -451,7 +476,17 @@ class Session:
         for name, obj in self._objects.items():
             if name not in st:
                 self._fail(f"{loaded.path} has no {name!r} state: it was written by another program")
-            (_unwrap(obj) if name == "model" else obj).load_state_dict(st[name])
+            try:
+                (_unwrap(obj) if name == "model" else obj).load_state_dict(st[name])
+            except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+                detail = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+                self._fail(
+                    f"{loaded.path} does not fit this {name} ({detail[:300]}): it was written for another "
+                    f"{name} shape; restore the matching code, or delete the checkpoint files in "
+                    f"{self.files.root} to start from scratch"
+                )
+        size = st.get("dataset_size")
+        self._saved_dataset_size = int(size) if isinstance(size, int) and not isinstance(size, bool) else None
         self.global_step = int(st["step"])
         self.epoch = int(st["epoch"])
         self._position = int(st["position"])

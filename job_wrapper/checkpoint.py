@@ -3,6 +3,11 @@
 A file is `MAGIC | payload length | sha256(payload) | payload`, the payload being `torch.save` of the state.
 A write goes to a temp file in the same directory, is fsynced, then renamed over checkpoint.pt; the old
 checkpoint.pt is hard-linked to checkpoint.prev.pt first, so at every instant checkpoint.pt is complete.
+Files are mode 0600 (the job's user's; root, the controller, reads them anyway).
+
+A checkpoint names the job it belongs to (`job_identity`: Slurm job id and the time `gandiva sbatch` wrote
+the job, saved under the state's "job" key); `check_identity` refuses one of another job, so a checkpoint
+planted in (or left over in) a job's directory is never resumed.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.requeue.contract import FILE_MODE, JOB_SUBMITTED_ENV, JobFiles
 
 MAGIC = b"GNDVCKP1"
 _HEADER = struct.Struct(">8sQ32s")  # magic, payload length, sha256 of the payload
@@ -112,8 +117,9 @@ def save(
         raise CheckpointError(f"cannot write {files.checkpoint}: state not serializable: {exc}") from None
     tmp = root / f"{files.checkpoint.name}.tmp.{os.getpid()}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
         try:
+            os.fchmod(fd, FILE_MODE)
             view = memoryview(data)
             pause_at = len(data) // 2 if pause_s > 0 else -1
             off = 0
@@ -138,6 +144,7 @@ def save(
                 os.link(files.checkpoint, prev_tmp)
             except OSError:  # no hard links on this filesystem
                 shutil.copyfile(files.checkpoint, prev_tmp)
+                os.chmod(prev_tmp, FILE_MODE)
             os.replace(prev_tmp, files.checkpoint_prev)
         os.replace(tmp, files.checkpoint)
         _fsync_dir(root)
@@ -175,6 +182,40 @@ def load(files: JobFiles) -> LoadedCheckpoint | None:
             "restore a good checkpoint.pt or delete the checkpoint files to restart from scratch"
         )
     return None
+
+
+def job_identity(env: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """This job's identity ({"job_id", "submitted"}) from $SLURM_JOB_ID and $GANDIVA_JOB_SUBMITTED (the job
+    script of `gandiva sbatch` exports it; "" for a plain sbatch job); None outside Slurm."""
+    env = os.environ if env is None else env
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        return None
+    return {"job_id": job_id, "submitted": env.get(JOB_SUBMITTED_ENV, "").strip()}
+
+
+def _describe_job(ident: Mapping[str, Any]) -> str:
+    when = str(ident.get("submitted") or "")
+    return f"job {ident.get('job_id')}" + (f" (submitted {when})" if when else "")
+
+
+def check_identity(state: Mapping[str, Any], current: Mapping[str, str] | None, name: str, root: Path) -> None:
+    """Refuse (CheckpointError, one line) a checkpoint that names another job than `current`, or none while
+    this is a Slurm job. Outside Slurm (`current` None) any checkpoint is accepted."""
+    if current is None:
+        return
+    fix = f"delete the checkpoint files in {root} to start from scratch"
+    saved = state.get("job")
+    if not isinstance(saved, Mapping) or not saved.get("job_id"):
+        raise CheckpointError(f"{name} names no job: refused for {_describe_job(current)} "
+                              f"(it was not written by this job); {fix}")
+    same_id = str(saved.get("job_id")) == current["job_id"]
+    saved_when, when = str(saved.get("submitted") or ""), current.get("submitted", "")
+    if not same_id or (saved_when and when and saved_when != when):
+        raise CheckpointError(
+            f"{name} belongs to {_describe_job(saved)}, not to this {_describe_job(current)}: refused "
+            f"(planted, or left by an earlier job with the same id); {fix}"
+        )
 
 
 def capture_rng() -> dict[str, Any]:

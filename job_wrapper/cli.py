@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import NoReturn
 
 from job_wrapper.launcher import UsageError, WrapperConfig, run
-from slurm_gandiva.requeue.contract import SIGNAL_ENV, STATE_DIR_ENV, ExitCode, signal_from_name
+from slurm_gandiva.requeue.contract import (
+    SIGNAL_ENV,
+    STATE_DIR_ENV,
+    ExitCode,
+    StateDirError,
+    signal_from_name,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,6 +83,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"gandiva-wrapper: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
+    except StateDirError as exc:  # nothing was run and nothing written there
+        print(f"gandiva-wrapper: {exc}; the job does not run", file=sys.stderr)
+        return int(ExitCode.FAILED)
+    except OSError as exc:  # e.g. the state directory became unwritable or full while the job ran
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"gandiva-wrapper: cannot write{where}: {exc.strerror or exc}; check the job's state directory",
+              file=sys.stderr)
+        return int(ExitCode.FAILED)
 
 
 if __name__ == "__main__":

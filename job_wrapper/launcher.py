@@ -27,7 +27,9 @@ from slurm_gandiva.requeue.contract import (
     STATE_DIR_ENV,
     ExitCode,
     JobFiles,
+    ensure_state_dir,
     read_progress,
+    write_private,
 )
 
 GPU_ENV_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
@@ -140,9 +142,7 @@ def _describe(code: int | None) -> str:
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_private(path, json.dumps(data, sort_keys=True) + "\n")  # 0600: the user's (and root's) alone
 
 
 @dataclass
@@ -178,10 +178,13 @@ def run(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """Run the training command to its outcome; returns the wrapper's exit code."""
+    """Run the training command to its outcome; returns the wrapper's exit code.
+
+    The state directory is created (0700) or checked first: one that another user owns, that others can
+    write, or that this user cannot write raises contract.StateDirError (one line) before anything runs.
+    """
     env = dict(os.environ if env is None else env)
-    files = JobFiles(config.state_dir)
-    files.root.mkdir(parents=True, exist_ok=True)
+    files = JobFiles(ensure_state_dir(config.state_dir))
     gpus = allocated_gpus(env)
     nprocs, rank_gpus = plan_ranks(config.nprocs, gpus)
     job_id = env.get("SLURM_JOB_ID")

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_gandiva.requeue.contract import Progress, write_progress
+from slurm_gandiva.requeue.contract import FILE_MODE, Progress, write_progress
 
 
 def append_event(log: Path, event: str, /, **fields: Any) -> None:
     """Append one JSON line; one O_APPEND write per line, so writers in several processes do not interleave."""
     record = {"event": event, "time": time.time(), "pid": os.getpid(), **fields}
     line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
     try:
         os.write(fd, line)
     finally:

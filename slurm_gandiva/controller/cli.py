@@ -143,6 +143,8 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
             prog = None
             if os.geteuid() in owner_uids(sj.user):  # the reason is for who can act on it
                 reason = str(exc)
+        if rec is None and not reason and os.geteuid() in owner_uids(sj.user):
+            reason = _registration_refusal(cfg, sj, snap.nodes)
         rate = prog.samples_per_s if (prog is not None and sj.running and prog.samples_per_s > 0) else None
         if rate is None and rates:
             rate = rates[-1].rate
@@ -159,6 +161,18 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
                      len(slices), rate, done, reason)
         )
     return rows
+
+
+def _registration_refusal(cfg: Any, sj: Any, nodes: Any) -> str:
+    """Why the controller does not take a held job on (its spec asks for more than the cluster has), as
+    registration decides it (reconcile.spec_refusal); "" when it would, or there is no spec yet."""
+    from slurm_gandiva.controller.reconcile import spec_refusal
+    from slurm_gandiva.submit.spec import read_spec
+
+    spec = read_spec(cfg.job_root, sj.job_id, owner=sj.user)
+    if spec is None:
+        return ""
+    return spec_refusal(spec.min_gpus, spec.max_gpus, sj.partition, nodes) or ""
 
 
 def format_rows(rows: list[QueueRow]) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from slurm_gandiva.plan import Action
 from slurm_gandiva.requeue.contract import JobFiles, suspend_signal
 from slurm_gandiva.requeue.protocol import Outcome, Phase, phase
 from slurm_gandiva.requeue.safe_read import MAX_TAIL_BYTES, read_job_outcome, read_job_text
-from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, Snapshot
+from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SlurmNode, Snapshot
 from slurm_gandiva.store.api import DecisionRecord, JobRecord, SliceEnd, StoreApi
 from slurm_gandiva.store.api import Outcome as StoreOutcome
 from slurm_gandiva.submit.spec import fallback_spec, load_spec
@@ -49,6 +49,28 @@ class Finding:
     kind: str
     job_id: str
     detail: str
+
+
+def spec_refusal(min_gpus: int, max_gpus: int, partition: str, nodes: Sequence[SlurmNode]) -> str | None:
+    """Why the cluster can never run a job of `min_gpus`..`max_gpus` GPUs on one node of `partition` (any
+    of a comma-separated list; "" any node), or None when it can. GPUs per node are Slurm's configured ones,
+    whatever the node's state (a node that is down may come back); unknown (no node reports a GPU): None.
+    Shared by registration (the job is not registered) and `gandiva squeue` (the REASON column)."""
+    from slurm_gandiva.submit.cli import gres_gpu_count
+
+    if min_gpus < 1 or max_gpus < min_gpus:
+        return f"refused: the spec asks for {min_gpus}:{max_gpus} GPUs; fix the spec file or cancel the job"
+    counts = {n.name: gres_gpu_count(n.gres) for n in nodes}
+    if not any(counts.values()):
+        return None
+    parts = {p for p in partition.split(",") if p}
+    inside = [counts[n.name] for n in nodes if not parts or parts.intersection(n.partitions)]
+    most = max(inside, default=0)
+    if min_gpus > most:
+        where = f"partition {partition}" if parts else "the cluster"
+        return (f"refused: asks for {min_gpus} GPUs on one node but {where} has at most {most} per node; "
+                "fix the spec file (it is read again) or cancel the job")
+    return None
 
 
 def _status_outcome(files: JobFiles, owner: str) -> str | None:
@@ -84,6 +106,8 @@ class Reconciler:
         self.stop_timeout = stop_timeout
         self.sleep = sleep
         self._refused_specs: dict[str, str] = {}  # job id -> why its spec file was refused (noted once)
+        self._unsatisfiable: dict[str, str] = {}  # job id -> why its spec cannot ever run (noted once)
+        self._nodes: tuple[SlurmNode, ...] = ()  # Slurm's nodes in the snapshot being settled
 
     def _note(self, out: list[Finding], kind: str, job_id: str, detail: str) -> None:
         log.info("reconcile: job %s: %s: %s", job_id, kind, detail)
@@ -98,6 +122,7 @@ class Reconciler:
         """Register, hold and account for every managed job; errors are isolated per job."""
         out: list[Finding] = []
         now = self.clock()
+        self._nodes = tuple(snap.nodes)
         managed = {j.job_id: j for j in snap.jobs if is_managed(j, self.partitions)}
         for sj in managed.values():
             try:
@@ -127,6 +152,15 @@ class Reconciler:
                 return None  # gandiva sbatch writes the spec right after sbatch returns
             spec = fallback_spec(sj.job_id, sj.user, requested_gpu_count(sj) or 1, sj.submit_time, sj.name)
         job_spec = spec.to_job_spec(submit_time=sj.submit_time or spec.submitted)
+        why = spec_refusal(job_spec.min_gpus, job_spec.max_gpus, sj.partition, self._nodes)
+        if why is not None:
+            # Not registered: it stays admin-held with the reason shown in `gandiva squeue`, and the spec is
+            # read again every round (a fixed spec registers it; scancel ends it).
+            if self._unsatisfiable.get(sj.job_id) != why:
+                self._unsatisfiable[sj.job_id] = why
+                self._note(out, "spec-unsatisfiable", sj.job_id, why)
+            return None
+        self._unsatisfiable.pop(sj.job_id, None)
         rec = self.store.upsert_job(
             job_spec,
             at=now,

@@ -9,7 +9,9 @@ import enum
 import json
 import math
 import os
+import pwd
 import signal
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,6 +21,11 @@ SIGNAL_ENV = "GANDIVA_SIGNAL"  # name of the signal, e.g. "USR2"; the wrapper re
 
 # Environment the job script gives the wrapper.
 STATE_DIR_ENV = "GANDIVA_STATE_DIR"  # per-job directory on the shared filesystem
+# When `gandiva sbatch` wrote the job (its spec's `submitted`): with $SLURM_JOB_ID the job's identity, which
+# each checkpoint records; a checkpoint of another identity is refused (see job_wrapper.checkpoint).
+JOB_SUBMITTED_ENV = "GANDIVA_JOB_SUBMITTED"
+STATE_DIR_MODE = 0o700  # a job's state directory: its user's alone (root, the controller, reads it anyway)
+FILE_MODE = 0o600  # checkpoints, progress, status and events in it
 JOB_MARK = "gandiva"  # value of the Slurm job comment that marks a job the controller owns
 
 
@@ -165,12 +172,90 @@ class Progress:
         return prog
 
 
-def write_progress(path: str | os.PathLike[str], progress: Progress) -> None:
-    """Replace `path` atomically (temp file in the same directory, then rename)."""
+class StateDirError(Exception):
+    """The job's state directory cannot be used safely (one line, says what to do)."""
+
+
+def _owner_name(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_state_dir(path: str | os.PathLike[str], uid: int | None = None) -> Path:
+    """Refuse a state directory that another user could have planted or can change: it must be a real
+    directory (not a link), owned by `uid` (default: this process's), writable by it and by no one else
+    (no group/other write bit). Returns the path; StateDirError with one line otherwise."""
+    d = Path(path)
+    uid = os.geteuid() if uid is None else uid
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        raise StateDirError(f"state directory {d} does not exist") from None
+    except OSError as exc:
+        raise StateDirError(f"cannot use state directory {d}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise StateDirError(f"state directory {d} is a symbolic link: refused (remove it and resubmit the job)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateDirError(f"state directory {d} is not a directory: refused (remove it and resubmit the job)")
+    if st.st_uid != uid:
+        raise StateDirError(
+            f"state directory {d} belongs to {_owner_name(st.st_uid)}, not to {_owner_name(uid)}: refused, "
+            "another user may have planted it (ask your admin to remove it, then resubmit the job)"
+        )
+    if st.st_mode & 0o022:
+        raise StateDirError(
+            f"state directory {d} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): refused "
+            f"(chmod 700 {d}, or remove it and resubmit the job)"
+        )
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise StateDirError(
+            f"state directory {d} is not writable (mode {stat.S_IMODE(st.st_mode):04o}, or a read-only "
+            f"filesystem): chmod u+rwx {d}, or ask your admin"
+        )
+    return d
+
+
+def ensure_state_dir(path: str | os.PathLike[str], uid: int | None = None) -> Path:
+    """Create the job's state directory (mode 0700) unless it exists, then `check_state_dir` it.
+
+    Only the directory itself is created: its parent, the jobs root, must exist (the admin makes it).
+    """
+    d = Path(path)
+    try:
+        os.mkdir(d, STATE_DIR_MODE)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        raise StateDirError(f"cannot create state directory {d}: {d.parent} does not exist "
+                            "(ask your admin for the jobs directory)") from None
+    except OSError as exc:
+        raise StateDirError(f"cannot create state directory {d}: {exc.strerror or exc}") from None
+    else:
+        os.chmod(d, STATE_DIR_MODE)  # mkdir's mode is cut by the umask; this is exact
+    return check_state_dir(d, uid)
+
+
+def write_private(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """Replace `path` atomically with `data`, mode 0600 (temp file in the same directory, then rename)."""
     dest = Path(path)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    tmp.write_text(progress.to_json() + "\n")
+    raw = data.encode() if isinstance(data, str) else data
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)  # an old temp file of another mode
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
     os.replace(tmp, dest)
+
+
+def write_progress(path: str | os.PathLike[str], progress: Progress) -> None:
+    """Replace `path` atomically (temp file in the same directory, then rename), mode 0600."""
+    write_private(path, progress.to_json() + "\n")
 
 
 def read_progress(path: str | os.PathLike[str]) -> Progress | None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
+import logging
 import os
 import socket
 import sqlite3
+import stat
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -74,6 +76,29 @@ def normalize_url(url: str | os.PathLike[str]) -> URL:
 
 
 _WRITE = "gandiva_write"
+DB_MODE = 0o600  # a new SQLite store; SQLite gives its -wal and -shm files the database's mode and owner
+log = logging.getLogger(__name__)
+
+
+def _private_sqlite(path: Path) -> None:
+    """Keep the store's files from other users: create the database 0600 before SQLite does, and take the
+    "other" bits off the database, its -wal/-shm and the lock file (a group an admin granted is kept, so
+    that a reports group may run `gandiva sacct`). The controller's users' jobs are in there."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, DB_MODE))
+    except FileExistsError:
+        pass
+    except OSError:
+        return  # SQLite reports what is wrong with the path
+    for f in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}.lock")):
+        try:
+            st = os.lstat(f)
+            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o007 and st.st_uid == os.geteuid():
+                os.chmod(f, stat.S_IMODE(st.st_mode) & ~0o007)
+                log.warning("store: %s was readable by other users: now mode %04o", f,
+                            stat.S_IMODE(st.st_mode) & ~0o007)
+        except OSError:
+            continue
 
 
 def _sqlite_begin(conn: sa.Connection) -> None:
@@ -343,7 +368,14 @@ class Store:
         elif readonly:
             if not Path(str(self._url.database)).is_file():
                 raise ConfigError(f"no database at {self._url.database}: check the URL (the controller creates it)")
+            if not os.access(str(self._url.database), os.R_OK):
+                raise ConfigError(
+                    f"database {self._url.database} is readable by the controller only (it holds every user's "
+                    "jobs): run this as root, or ask your admin to grant a group read access"
+                )
             kwargs["creator"] = _readonly_sqlite(str(self._url.database))
+        else:
+            _private_sqlite(Path(str(self._url.database)))
         try:
             self._engine: Engine = sa.create_engine(self._url if not (sqlite and readonly) else "sqlite://", **kwargs)
         except (NoSuchModuleError, ImportError) as exc:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from slurm_gandiva.errors import BadRequest, ConfigError, GandivaError
 from slurm_gandiva.model import Topology
-from slurm_gandiva.requeue.contract import JOB_MARK
+from slurm_gandiva.requeue.contract import JOB_MARK, StateDirError, ensure_state_dir
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmNode, SubmitRequest
 from slurm_gandiva.submit.request import (
     USAGE,
@@ -181,9 +181,13 @@ def submit(
     check_command: bool = True,
     stderr: TextIO | None = None,
 ) -> str:
-    """Validate, render, sbatch (held, marked), write the spec file; returns the job id.
+    """Validate, render, sbatch (held, marked), make the job's state directory, write the spec file; returns
+    the job id.
 
-    Nothing reaches Slurm unless validation passed. If the spec cannot be written the job is cancelled.
+    Nothing reaches Slurm unless validation passed. The state directory <jobs root>/<job id> is made mode
+    0700 by the submitting user while the job is held; one that exists and belongs to another user (planted
+    in the world-writable jobs root) or that others can write is refused, and so is a spec that cannot be
+    written: the job is cancelled, one line says why.
     """
     from slurm_gandiva.submit.render import render_script, signal_name
 
@@ -213,13 +217,22 @@ def submit(
     )
     script = render_script(spec, str(paths.jobs_root))
     job_id = backend.submit(SubmitRequest(script=script, options=tuple(sbatch_options(req, name))))
-    try:
-        write_spec(paths.jobs_root, spec.with_job_id(job_id))
-    except OSError as exc:
+
+    def cancel() -> None:
         try:
             backend.cancel(job_id)
         except GandivaError as cancel_exc:
             print(f"gandiva: warning: could not cancel job {job_id}: {cancel_exc}", file=stderr or sys.stderr)
+
+    try:
+        ensure_state_dir(paths.jobs_root / job_id)
+    except StateDirError as exc:
+        cancel()
+        raise BadRequest(f"{exc}; job {job_id} was cancelled") from None
+    try:
+        write_spec(paths.jobs_root, spec.with_job_id(job_id))
+    except OSError as exc:
+        cancel()
         raise BadRequest(
             f"could not write the job spec under {paths.jobs_root} ({exc.strerror}); job {job_id} was "
             "cancelled: check that the jobs root is writable (mode 1777)"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_gandiva.errors import ConfigError
-from slurm_gandiva.requeue.contract import SIGNAL_ENV, STATE_DIR_ENV, suspend_signal
+from slurm_gandiva.requeue.contract import JOB_SUBMITTED_ENV, SIGNAL_ENV, STATE_DIR_ENV, suspend_signal
 from slurm_gandiva.submit.spec import SCRIPT_MARKER, SubmitSpec
 
 TEMPLATE = "job.sh.j2"
@@ -47,7 +47,8 @@ def render_script(
     wrapper: str | None = None,
     wrapper_args: Sequence[str] = (),
 ) -> str:
-    """The batch script's text: exports the job's state dir and signal, then execs the wrapper on the command."""
+    """The batch script's text: exports the job's state dir, signal and identity (its submit time, which
+    each checkpoint records), then execs the wrapper on the command."""
     import jinja2
 
     if not spec.command:
@@ -70,6 +71,8 @@ def render_script(
         spec_json=spec.to_json(),
         state_dir_env=STATE_DIR_ENV,
         signal_env=SIGNAL_ENV,
+        submitted_env=JOB_SUBMITTED_ENV,
+        submitted=f"{spec.submitted:.6f}",
         jobs_root=jobs_root.rstrip("/") or "/",
         signal=spec.signal,
         wrapper=wrapper or wrapper_path(),

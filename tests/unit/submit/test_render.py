@@ -59,6 +59,7 @@ def test_values_arrive_verbatim_and_nothing_is_executed(tmp_path: Path) -> None:
         name="$(touch n)",
     )
     jobs_root = tmp_path / f"jobs $(touch {pwned}) root"
+    jobs_root.mkdir(parents=True)  # the admin's jobs root exists; the script makes only the job's directory
     wrapper = _fake_wrapper(tmp_path)
     script = render_script(spec, str(jobs_root), wrapper=str(wrapper), wrapper_args=("--nprocs", "2 3"))
     assert script.startswith("#!/bin/bash\n")
@@ -72,6 +73,7 @@ def test_values_arrive_verbatim_and_nothing_is_executed(tmp_path: Path) -> None:
     assert got["state"] == f"{jobs_root}/1234"
     assert got["signal"] == "USR2"
     assert Path(got["state"]).is_dir()
+    assert stat.S_IMODE(Path(got["state"]).stat().st_mode) == 0o700  # the user's alone
     assert not pwned.exists()
     assert not (tmp_path / "x").exists() and not (tmp_path / "n").exists()
     # the embedded spec reads back exactly
