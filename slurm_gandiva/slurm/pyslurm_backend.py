@@ -29,8 +29,10 @@ What runs where (pyslurm 25.11.2, read from its source):
     whose TrackableResources parser drops "gres/gpu:N") and a job being torn down are read from squeue;
   * the job state's flags (`Job.state` is Slurm's one-word `job_state_string`, where a flag such as
     REQUEUED or SIGNALING hides the base state): mapped back to the base state squeue lists first;
-  * the reason enum where slurmctld set a description (`Job.state_reason` prefers `state_desc`): mapped
-    back for the descriptions slurmctld writes on requeues ("job requeued in held state" -> JobHeldUser);
+  * the reason where slurmctld set a description (`Job.state_reason` prefers `state_desc`, and slurmctld
+    keeps "job requeued in held state" when `scontrol hold` turns a requeue-held job's JobHeldUser into
+    JobHeldAdmin, so the description cannot tell an admin hold from the owner's): read from squeue. Every
+    suspended (requeue-held) job is such a job: queries that include them cost one squeue call more;
   * a node's `gres_used`: rebuilt in Slurm's own format from the jobs that hold GPUs on it;
   * a job's `std_out` as submitted: pyslurm gives the expanded path (".../123.out" where squeue prints
     ".../%j.out"); the project reads neither, and this is the one field where the backends differ.
@@ -89,15 +91,6 @@ _FLAG_BASE = {
 _BASE_STATES = (
     "PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
     "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "COMPLETING",
-)
-# Descriptions slurmctld sets together with a reason (job_mgr.c): description prefix -> reason.
-_DESC_REASON = (
-    ("job requeued in held state", "JobHeldUser"),
-    ("job requeued in special exit state", "JobHeldUser"),
-    ("launch failed requeued held", "JobHeldUser"),
-    ("user env retrieval failed requeued held", "JobHeldUser"),
-    ("launch failure limit exceeded requeued held", "JobHoldMaxRequeue"),
-    ("RaisedSignal:", "RaisedSignal"),
 )
 _REASON_WORD = re.compile(r"[A-Za-z0-9]+")
 _TYPED_GPU = re.compile(r"g(\d+)")
@@ -228,17 +221,12 @@ def base_state(word: str) -> str | None:
 
 
 def reason_of(text: str) -> str | None:
-    """pyslurm's `state_reason` (the description when slurmctld set one) -> the reason enum's name; None:
-    a description that does not say which reason it goes with."""
+    """pyslurm's `state_reason` -> the reason enum's name, as squeue --json prints it; None where it is a
+    description slurmctld set (`Job.state_reason` prefers `state_desc`), which does not say the reason: a
+    requeue-held job keeps "job requeued in held state" after `scontrol hold` made its reason JobHeldAdmin."""
     if not text:
         return "None"
-    if _REASON_WORD.fullmatch(text):
-        return text
-    for prefix, reason in _DESC_REASON:
-        if text.startswith(prefix):
-            return reason
-    head = re.match(r"([A-Za-z0-9]+)[,:]", text)  # "ReqNodeNotAvail, UnavailableNodes:n1", "Dependency:..."
-    return head.group(1) if head else None
+    return text if _REASON_WORD.fullmatch(text) else None
 
 
 def gres_string(gres: Mapping[str, Any]) -> str:
