@@ -184,6 +184,8 @@ def run(
     write, or that this user cannot write raises contract.StateDirError (one line) before anything runs.
     """
     env = dict(os.environ if env is None else env)
+    if not config.state_dir.parent.exists():  # outside a cluster's jobs root: a new tree of the user's
+        config.state_dir.parent.mkdir(parents=True, exist_ok=True)
     files = JobFiles(ensure_state_dir(config.state_dir))
     gpus = allocated_gpus(env)
     nprocs, rank_gpus = plan_ranks(config.nprocs, gpus)

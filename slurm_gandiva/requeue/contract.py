@@ -259,11 +259,21 @@ def write_progress(path: str | os.PathLike[str], progress: Progress) -> None:
 
 
 def read_progress(path: str | os.PathLike[str]) -> Progress | None:
-    """The job's last progress report, or None when there is none yet (or it is unreadable)."""
+    """The job's last progress report, or None when there is none yet (or it is unreadable: not a regular
+    file, a link, a FIFO, too big, not UTF-8 JSON; never blocks)."""
     try:
-        text = Path(path).read_text()
-    except (FileNotFoundError, NotADirectoryError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            return None
+        text = os.read(fd, 1 << 20).decode()
+    except (OSError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
     try:
         return Progress.from_mapping(json.loads(text))
     except ValueError:  # json.JSONDecodeError is a ValueError
