@@ -31,8 +31,9 @@ What runs where (pyslurm 25.11.2, read from its source):
     REQUEUED or SIGNALING hides the base state): mapped back to the base state squeue lists first;
   * the reason where slurmctld set a description (`Job.state_reason` prefers `state_desc`, and slurmctld
     keeps "job requeued in held state" when `scontrol hold` turns a requeue-held job's JobHeldUser into
-    JobHeldAdmin, so the description cannot tell an admin hold from the owner's): read from squeue. Every
-    suspended (requeue-held) job is such a job: queries that include them cost one squeue call more;
+    JobHeldAdmin, so the description cannot tell an admin hold from the owner's): read from squeue, but for
+    "RaisedSignal:N(...)", which goes with its reason. Every suspended (requeue-held) job, and a job
+    cancelled while it was, is such a job: queries that include them cost one squeue call more;
   * a node's `gres_used`: rebuilt in Slurm's own format from the jobs that hold GPUs on it;
   * a job's `std_out` as submitted: pyslurm gives the expanded path (".../123.out" where squeue prints
     ".../%j.out"); the project reads neither, and this is the one field where the backends differ.
@@ -127,10 +128,12 @@ def load_pyslurm(slurm_conf: str | None) -> Any:
     if mod is None:
         try:
             os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"  # read by pyslurm's import; init below, explicitly
+            flags = sys.getdlopenflags()  # pyslurm's import sets RTLD_GLOBAL | RTLD_DEEPBIND for the process
             try:
                 mod = importlib.import_module("pyslurm")
             finally:
                 os.environ.pop("PYSLURM_DISABLE_AUTO_INIT", None)
+                sys.setdlopenflags(flags)
         except (ImportError, OSError) as exc:
             raise ConfigError(
                 f"pyslurm is not usable here ({str(exc).splitlines()[0]}): install {PYSLURM_REQUIREMENT} against "
@@ -226,6 +229,8 @@ def reason_of(text: str) -> str | None:
     requeue-held job keeps "job requeued in held state" after `scontrol hold` made its reason JobHeldAdmin."""
     if not text:
         return "None"
+    if text.startswith("RaisedSignal:"):
+        return "RaisedSignal"  # "RaisedSignal:15(Terminated)": set with its reason as the job ends, and final
     return text if _REASON_WORD.fullmatch(text) else None
 
 
@@ -313,8 +318,12 @@ class PyslurmBackend:
         jid = _job_id(job_id)
         if "_" in jid:
             return self.cli.job(jid)  # an array task named as A_T: squeue resolves it
+        return self._convert([self._load_one(jid)])[0]
+
+    def _load_one(self, jid: str) -> Any:
+        """pyslurm.Job.load (slurm_load_job: this job alone); UnknownJob as the CLI backend words it."""
         try:
-            raw = self._ps.Job.load(int(jid))
+            return self._ps.Job.load(int(jid))
         except Exception as exc:
             err = _rpc_error(f"job {jid}", exc)
             if isinstance(err, UnknownJob):
@@ -322,7 +331,6 @@ class PyslurmBackend:
                     f"job {jid} not found: check the id with `squeue` (finished jobs vanish after MinJobAge)"
                 ) from None
             raise err from None
-        return self._convert([raw])[0]
 
     def _convert(self, raws: Iterable[Any]) -> tuple[SlurmJob, ...]:
         out: list[SlurmJob | None] = []
@@ -516,19 +524,29 @@ class PyslurmBackend:
         new = parse.gres_request(gres)
         if not new:
             raise InvalidRequest(f"bad gres {gres!r}: use e.g. gpu:g0:1,gpu:g2:1 or shard:g1:1")
-        job = self.job(jid)
-        if not job.pending:
-            raise InvalidRequest(f"job {jid} is {job.state}: hold it (held requeue) before changing its GPUs")
-        if parse.gres_request(job.tres_per_node) == new:
+        state, tres = self._state_and_gres(jid)
+        if state != "PENDING":
+            raise InvalidRequest(f"job {jid} is {state}: hold it (held requeue) before changing its GPUs")
+        if parse.gres_request(tres) == new:
             return
         what = f"set gres of job {jid}"
         caps = self.capabilities()
         if caps.gres_update_merges or not caps.gres_kind_switch:
             raise InvalidRequest(f"{what}: Slurm {caps.release_text} merges gres updates: use the CLI backend")
         self._modify(jid, what, gres_per_node=gres)
-        now = parse.gres_request(self.job(jid).tres_per_node)
+        now = parse.gres_request(self._state_and_gres(jid)[1])
         if now != new:
             raise SlurmError(f"{what}: Slurm kept {sorted(now)} instead of {sorted(new)}: do not release the job")
+
+    def _state_and_gres(self, jid: str) -> tuple[str, str]:
+        """A job's base state (or pyslurm's word where it hides it) and tres_per_node, from pyslurm alone
+        (no squeue for the reason: these two are all a gres update needs)."""
+        if "_" in jid:
+            job = self.cli.job(jid)
+            return job.state, job.tres_per_node
+        raw = self._load_one(jid)
+        word = _text(raw.state)
+        return base_state(word) or word, gres_string(raw.gres_per_node or {})
 
     def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
         """As scancel JOB: a job that already finished counts as cancelled, an unknown one is UnknownJob

@@ -1,0 +1,115 @@
+"""The pyslurm backend's pure parts and backend selection, without pyslurm or Slurm (fakes only)."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from slurm_gandiva.errors import ConfigError, InvalidRequest, PermissionDenied, SlurmUnreachable, UnknownJob
+from slurm_gandiva.slurm import make_backend
+from slurm_gandiva.slurm.base import SlurmJob
+from slurm_gandiva.slurm.cli_backend import CliBackend
+from slurm_gandiva.slurm.pyslurm_backend import (
+    _rpc_error,
+    base_state,
+    gres_string,
+    gres_used,
+    load_pyslurm,
+    reason_of,
+    typed_allocation,
+)
+
+
+def test_state_words_map_to_the_base_state_squeue_lists_first() -> None:
+    assert base_state("RUNNING") == "RUNNING" and base_state("COMPLETING") == "COMPLETING"
+    assert base_state("REQUEUED") == "PENDING" and base_state("REQUEUE_HOLD") == "PENDING"
+    assert base_state("SIGNALING") == "RUNNING" and base_state("CONFIGURING") == "RUNNING"
+    assert base_state("STAGE_OUT") is None and base_state("REVOKED") is None  # squeue must say
+
+
+def test_reasons_are_enum_names_or_asked_from_squeue() -> None:
+    assert reason_of("") == "None" and reason_of("JobHeldAdmin") == "JobHeldAdmin"
+    assert reason_of("job requeued in held state") is None  # may be JobHeldUser or JobHeldAdmin
+    assert reason_of("ReqNodeNotAvail, UnavailableNodes:n1") is None
+    assert reason_of("RaisedSignal:15(Terminated)") == "RaisedSignal"
+
+
+def test_gpus_come_from_per_gpu_typed_requests_only() -> None:
+    assert typed_allocation("gres/gpu:g1:1,gres/gpu:g3:1") == ((1, 3), ())
+    assert typed_allocation("gres/shard:g2:1") == ((), (2,))
+    assert typed_allocation("gres/gpu:2") is None  # untyped: squeue's gres detail says which
+    assert typed_allocation("gres/gpu:a100:2") is None
+    assert typed_allocation("") == ((), ())
+    assert gres_string({"gres/gpu:g0": 1, "gres/gpu": 2}) == "gres/gpu:g0:1,gres/gpu:2"
+
+
+def _job(jid: str, tres: str, gpus: dict[str, tuple[int, ...]], shards: dict[str, tuple[int, ...]]) -> SlurmJob:
+    from slurm_gandiva.slurm.base import HoldKind
+
+    return SlurmJob(job_id=jid, name="", user="u", state="RUNNING", reason="None", hold=HoldKind.NONE,
+                    nodes=tuple(gpus) or tuple(shards), gpus=gpus, shards=shards, tres_per_node=tres)
+
+
+def test_gres_used_is_rebuilt_in_sinfos_format() -> None:
+    conf = "gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2"
+    jobs = [_job("1", "gres/gpu:g1:1", {"n1": (1,)}, {}), _job("2", "gres/shard:g0:1", {}, {"n1": (0,), "n2": (0,)})]
+    assert gres_used(conf, "n1", jobs) == "gpu:g0:0(IDX:N/A),gpu:g1:1(IDX:1),shard:g0:1(1/2),shard:g1:0(0/2)"
+    assert gres_used("gpu:a100:4", "n1", jobs) == ""
+
+
+def test_rpc_errors_map_to_the_hierarchy() -> None:
+    def err(errno: int, msg: str) -> Exception:
+        e = Exception(msg)
+        e.errno = errno  # type: ignore[attr-defined]
+        e.msg = msg  # type: ignore[attr-defined]
+        return e
+
+    assert isinstance(_rpc_error("x", err(2017, "Invalid job id specified")), UnknownJob)
+    assert isinstance(_rpc_error("x", err(2002, "Access/permission denied")), PermissionDenied)
+    assert isinstance(_rpc_error("x", err(1001, "Unable to contact slurm controller")), SlurmUnreachable)
+    assert isinstance(_rpc_error("x", err(2072, "Invalid generic resource (gres) specification")), InvalidRequest)
+
+
+def test_cli_is_chosen_without_pyslurm_and_forcing_pyslurm_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    import importlib.util
+
+    monkeypatch.delenv("GANDIVA_SLURM_BACKEND", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert isinstance(make_backend({"SLURM_CONF": "/nonexistent"}), CliBackend)
+    assert isinstance(make_backend({"SLURM_CONF": "/nonexistent"}, kind="cli"), CliBackend)
+    with pytest.raises(ConfigError, match="pyslurm is not installed") as exc:
+        make_backend({"SLURM_CONF": "/nonexistent"}, kind="pyslurm")
+    assert "\n" not in str(exc.value)
+    assert isinstance(make_backend({"GANDIVA_SLURM_BACKEND": "cli"}), CliBackend)
+    with pytest.raises(ConfigError, match="unknown Slurm backend"):
+        make_backend({"GANDIVA_SLURM_BACKEND": "rest"})
+
+
+def test_pyslurm_is_bound_to_one_slurm_conf_per_process(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    from pathlib import Path
+
+    a, b = Path(str(tmp_path)) / "a.conf", Path(str(tmp_path)) / "b.conf"
+    a.write_text("")
+    b.write_text("")
+    calls: list[object] = []
+    fake = SimpleNamespace(slurm_init=calls.append)
+    monkeypatch.setitem(sys.modules, "pyslurm", fake)
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    with pytest.raises(ConfigError, match="already talks to"):  # imported (auto-initialised) by someone else
+        load_pyslurm(str(a))
+    fake1 = SimpleNamespace(slurm_init=calls.append)
+    monkeypatch.setitem(sys.modules, "pyslurm", fake1)
+    monkeypatch.setenv("SLURM_CONF", str(a))
+    assert load_pyslurm(str(a)) is fake1  # ... from the same SLURM_CONF: usable
+    assert calls == []  # never initialised twice
+    fake2 = SimpleNamespace(slurm_init=calls.append, _slurm_gandiva_conf=str(a))
+    monkeypatch.setitem(sys.modules, "pyslurm", fake2)
+    assert load_pyslurm(str(a)) is fake2
+    with pytest.raises(ConfigError, match="one configuration per process"):
+        load_pyslurm(str(b))
+    with pytest.raises(ConfigError, match=r"readable slurm\.conf"):
+        load_pyslurm(str(Path(str(tmp_path)) / "missing.conf"))
