@@ -21,6 +21,9 @@ gandiva_slurm_prefix() {
 gandiva_slurm_use() {  # PATH with the release's commands first (22.05: Debian's, in /usr)
   local prefix
   prefix=$(gandiva_slurm_prefix "$1")
+  # Another release's prefix already on PATH would shadow this one.
+  PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v '^/opt/slurm-gandiva/' | paste -sd: -)
+  export PATH
   if [ "$1" != 22.05 ]; then
     export PATH="$prefix/sbin:$prefix/bin:$PATH"
   fi

@@ -3,6 +3,10 @@
 # suite once per Slurm release that GANDIVA_SLURM names (default here: all, i.e. 24.11, 22.05, 25.11 and 26.05;
 # GANDIVA_SLURM=24.11 runs just that one). Each real-Slurm run starts a real local cluster of that release (a
 # cluster that cannot start FAILS the run, it never skips). Non-zero on any failure. Extra arguments go to pytest.
+#
+# Two releases are tested at a time, each on its own cluster and ports (GANDIVA_TEST_PORT_BASE and +1000):
+# the suite mostly waits on training jobs, so two runs take about 11 minutes where one takes 9 (2 cores).
+# GANDIVA_TEST_PARALLEL=1 tests one release at a time. Releases after the first build in the background.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -10,19 +14,20 @@ export GANDIVA_SLURM=${GANDIVA_SLURM:-all}
 # shellcheck source=scripts/slurm-release.sh
 . scripts/slurm-release.sh
 releases=$(gandiva_slurm_releases) || exit 2
+parallel=${GANDIVA_TEST_PARALLEL:-2}
 bash scripts/setup.sh --build-first-only
-# The other releases build in the background (niced) while the first ones are tested.
+logs=.ci-logs
+mkdir -p "$logs"
 later=()
 for rel in $(echo "$releases" | tail -n +2); do
   [ "$rel" = 22.05 ] || later+=("$rel")
 done
 builds_pid=""
 if [ ${#later[@]} -gt 0 ]; then
-  mkdir -p .ci-logs
   (
     for rel in "${later[@]}"; do
-      nice -n 10 bash scripts/build-slurm.sh "$rel" "$(gandiva_slurm_prefix "$rel")" >".ci-logs/build-$rel.log" 2>&1 \
-        || { echo "test.sh: building Slurm $rel failed: see .ci-logs/build-$rel.log" >&2; exit 1; }
+      nice -n 10 bash scripts/build-slurm.sh "$rel" "$(gandiva_slurm_prefix "$rel")" >"$logs/build-$rel.log" 2>&1 \
+        || { echo "test.sh: building Slurm $rel failed: see $logs/build-$rel.log" >&2; exit 1; }
     done
   ) &
   builds_pid=$!
@@ -30,7 +35,7 @@ fi
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export MPLBACKEND=Agg
 # Ports of the suite's own cluster (slurmctld = base+17); override when several runs share a machine.
-export GANDIVA_TEST_PORT_BASE=${GANDIVA_TEST_PORT_BASE:-16800}
+base=${GANDIVA_TEST_PORT_BASE:-16800}
 status=0
 failed=()
 echo "== ruff"
@@ -40,16 +45,50 @@ echo "== mypy"
 pytest_=(.venv/bin/pytest -ra --strict-markers -p no:cacheprovider --durations=10)
 echo "== pytest: unit and simulator tests"
 "${pytest_[@]}" -m "not slurm" tests/ "$@" || { status=1; failed+=("unit tests"); }
-for rel in $releases; do
-  if [ -n "$builds_pid" ] && [[ " ${later[*]} " == *" $rel "* ]]; then
-    wait "$builds_pid" || { status=1; failed+=("building Slurm ${later[*]}"); break; }
-    builds_pid=""
+
+suite() {  # suite RELEASE PORT_BASE: the real-Slurm suite on that release's own cluster
+  gandiva_slurm_use "$1"
+  export GANDIVA_TEST_PORT_BASE=$2
+  echo "== pytest: real-Slurm tests on Slurm $(gandiva_slurm_version "$1") ($(gandiva_slurm_prefix "$1"), ports from $2)"
+  exec "${pytest_[@]}" -m slurm tests/ "${@:3}"
+}
+
+# The suites' ordinary users, made here once: two suites making them at the same moment could collide on
+# /etc/passwd's lock (tests/helpers.py ensure_user, tests/integration/test_hostile.py).
+if [ "$(id -u)" -eq 0 ]; then
+  for u in gandiva-test gandiva-test2; do
+    id -u "$u" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$u"
+  done
+fi
+mapfile -t todo < <(echo "$releases")
+while [ ${#todo[@]} -gt 0 ]; do
+  batch=("${todo[@]:0:$parallel}")
+  todo=("${todo[@]:$parallel}")
+  for rel in "${batch[@]}"; do
+    if [ -n "$builds_pid" ] && [[ " ${later[*]} " == *" $rel "* ]]; then
+      wait "$builds_pid" || { status=1; failed+=("building Slurm ${later[*]}"); todo=(); batch=(); break; }
+      builds_pid=""
+    fi
+  done
+  [ ${#batch[@]} -gt 0 ] || break
+  if [ ${#batch[@]} -eq 1 ]; then
+    (suite "${batch[0]}" "$base" "$@") || { status=1; failed+=("real-Slurm tests on ${batch[0]}"); }
+    continue
   fi
-  (
-    gandiva_slurm_use "$rel"
-    echo "== pytest: real-Slurm tests on Slurm $(gandiva_slurm_version "$rel") ($(gandiva_slurm_prefix "$rel"))"
-    exec "${pytest_[@]}" -m slurm tests/ "$@"
-  ) || { status=1; failed+=("real-Slurm tests on $rel"); }
+  pids=()
+  for i in "${!batch[@]}"; do
+    rel=${batch[$i]}
+    echo "== real-Slurm tests on Slurm $rel running (log: $logs/pytest-$rel.log)"
+    (suite "$rel" $((base + 1000 * i)) "$@") >"$logs/pytest-$rel.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!batch[@]}"; do
+    rel=${batch[$i]}
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    cat "$logs/pytest-$rel.log"
+    [ "$rc" -eq 0 ] || { status=1; failed+=("real-Slurm tests on $rel"); }
+  done
 done
 if [ "$status" -ne 0 ]; then
   echo "test.sh: FAILED: ${failed[*]}" >&2

@@ -381,6 +381,9 @@ class DevCluster:
             os.replace(tmp, p)
         if running and "job_submit.lua" in changed:
             self._slurm(["scontrol", "reconfigure"])
+            # Newer daemons (measured on 25.11) re-execute themselves on reconfigure: new pids, the pid files
+            # rewritten. Wait for them, or up() would take the restart for stopped daemons.
+            self._wait_ctld(restarting=True)
         from slurm_gandiva.topology.file import read_topology, write_topology
 
         try:
@@ -437,13 +440,15 @@ class DevCluster:
         env = {**os.environ, **self.env}
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
-    def _wait_ctld(self) -> None:
+    def _wait_ctld(self, *, restarting: bool = False) -> None:
+        """Until slurmctld answers and its pid file names it; `restarting`: its pid may vanish meanwhile."""
         deadline = self._clock() + self.start_timeout
         while self._clock() < deadline:
             out = self._slurm(["scontrol", "ping"])
-            if out.returncode == 0 and "UP" in out.stdout:
+            daemons = [d for d, _ in self._daemons()] if restarting else ["slurmctld"]
+            if out.returncode == 0 and "UP" in out.stdout and all(self._pid(d) is not None for d in daemons):
                 return
-            if self._pid("slurmctld") is None:
+            if not restarting and self._pid("slurmctld") is None:
                 break
             self._sleep(0.2)
         log = self._log("slurmctld")
