@@ -7,6 +7,8 @@
 # Two releases are tested at a time, each on its own cluster and ports (GANDIVA_TEST_PORT_BASE and +1000):
 # the suite mostly waits on training jobs, so two runs take about 11 minutes where one takes 9 (2 cores).
 # GANDIVA_TEST_PARALLEL=1 tests one release at a time. Releases after the first build in the background.
+# These runs use the CLI backend. Where 25.11 is tested, pyslurm 25.11.2 is built against it (background too)
+# and a last run tests the pyslurm backend there: its own tests, then the adapter and protocol suites.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -22,7 +24,10 @@ later=()
 for rel in $(echo "$releases" | tail -n +2); do
   [ "$rel" = 22.05 ] || later+=("$rel")
 done
+pyslurm_rel=""
+[[ $'\n'"$releases"$'\n' == *$'\n25.11\n'* ]] && pyslurm_rel=25.11
 builds_pid=""
+pyslurm_pid=""
 if [ ${#later[@]} -gt 0 ]; then
   (
     for rel in "${later[@]}"; do
@@ -31,6 +36,14 @@ if [ ${#later[@]} -gt 0 ]; then
     done
   ) &
   builds_pid=$!
+fi
+if [ -n "$pyslurm_rel" ]; then
+  (
+    [ -z "$builds_pid" ] || while kill -0 "$builds_pid" 2>/dev/null; do sleep 5; done
+    nice -n 10 bash scripts/setup-pyslurm.sh "$pyslurm_rel" >"$logs/pyslurm.log" 2>&1 \
+      || { echo "test.sh: installing pyslurm failed: see $logs/pyslurm.log" >&2; exit 1; }
+  ) &
+  pyslurm_pid=$!
 fi
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export MPLBACKEND=Agg
@@ -44,11 +57,11 @@ echo "== mypy"
 .venv/bin/mypy || { status=1; failed+=(mypy); }
 pytest_=(.venv/bin/pytest -ra --strict-markers -p no:cacheprovider --durations=10)
 echo "== pytest: unit and simulator tests"
-"${pytest_[@]}" -m "not slurm" tests/ "$@" || { status=1; failed+=("unit tests"); }
+"${pytest_[@]}" -m "not slurm and not pyslurm" tests/ "$@" || { status=1; failed+=("unit tests"); }
 
-suite() {  # suite RELEASE PORT_BASE: the real-Slurm suite on that release's own cluster
+suite() {  # suite RELEASE PORT_BASE: the real-Slurm suite on that release's own cluster, CLI backend
   gandiva_slurm_use "$1"
-  export GANDIVA_TEST_PORT_BASE=$2
+  export GANDIVA_TEST_PORT_BASE=$2 GANDIVA_SLURM_BACKEND=cli
   echo "== pytest: real-Slurm tests on Slurm $(gandiva_slurm_version "$1") ($(gandiva_slurm_prefix "$1"), ports from $2)"
   exec "${pytest_[@]}" -m slurm tests/ "${@:3}"
 }
@@ -90,6 +103,21 @@ while [ ${#todo[@]} -gt 0 ]; do
     [ "$rc" -eq 0 ] || { status=1; failed+=("real-Slurm tests on $rel"); }
   done
 done
+if [ -n "$pyslurm_rel" ] && [ -n "$pyslurm_pid" ]; then
+  if wait "$pyslurm_pid"; then
+    (
+      gandiva_slurm_use "$pyslurm_rel"
+      prefix=$(gandiva_slurm_prefix "$pyslurm_rel")
+      export GANDIVA_TEST_PORT_BASE=$base GANDIVA_SLURM_BACKEND=pyslurm LD_LIBRARY_PATH=$prefix/lib
+      echo "== pytest: the pyslurm backend on Slurm $(gandiva_slurm_version "$pyslurm_rel") ($prefix)"
+      exec "${pytest_[@]}" -m "slurm or pyslurm" tests/integration/test_pyslurm_backend.py \
+        tests/integration/test_slurm_adapter.py tests/integration/test_requeue_cycle.py "$@"
+    ) || { status=1; failed+=("pyslurm backend on $pyslurm_rel"); }
+  else
+    status=1
+    failed+=("installing pyslurm")
+  fi
+fi
 if [ "$status" -ne 0 ]; then
   echo "test.sh: FAILED: ${failed[*]}" >&2
 else
