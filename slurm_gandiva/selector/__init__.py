@@ -34,8 +34,8 @@ _FACTORIES: dict[str, Callable[..., object]] = {
 }
 
 
-def make_policy(name: str, **params: object) -> Policy:
-    """The policy called `name` with its parameters overridden by `params`."""
+def _factory(name: str, params: Mapping[str, object]) -> Callable[..., object]:
+    """The policy class called `name`; ConfigError for an unknown name or parameter."""
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ConfigError(f"unknown policy {name!r}: choose one of {', '.join(POLICY_NAMES)}")
@@ -45,7 +45,12 @@ def make_policy(name: str, **params: object) -> Policy:
         raise ConfigError(
             f"policy {name!r} has no parameter {', '.join(unknown)}: use one of {', '.join(sorted(fields))}"
         )
-    return cast(Policy, factory(**params))
+    return factory
+
+
+def make_policy(name: str, **params: object) -> Policy:
+    """The policy called `name` with its parameters overridden by `params`."""
+    return cast(Policy, _factory(name, params)(**params))
 
 
 # Parameters that must be positive (the rest of the numbers: zero or more; `seed`: any whole number).
@@ -57,16 +62,7 @@ def check_params(name: str, params: Mapping[str, object]) -> dict[str, object]:
     """`params` checked against the policy's parameters, their types and ranges, and converted (an int for
     a float parameter); ConfigError naming the first bad one. What a config file gives is str, int,
     float or bool."""
-    factory = _FACTORIES.get(name)
-    if factory is None:
-        raise ConfigError(f"unknown policy {name!r}: choose one of {', '.join(POLICY_NAMES)}")
-    fields = {f.name for f in dataclasses.fields(factory) if f.init} - {"name"}  # type: ignore[arg-type]
-    unknown = sorted(set(params) - fields)
-    if unknown:
-        raise ConfigError(
-            f"policy {name!r} has no parameter {', '.join(unknown)}: use one of {', '.join(sorted(fields))}"
-        )
-    hints = typing.get_type_hints(factory)
+    hints = typing.get_type_hints(_factory(name, params))
     return {key: _checked(key, value, hints[key]) for key, value in params.items()}
 
 
