@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -232,6 +233,30 @@ def test_suspend_of_a_failed_job_exits_non_zero(
 # -- a running controller: bad job files, a second controller ------------------------------------------------
 
 
+def _marked_sleep_job(cluster: DevCluster, user: str) -> str:
+    """A plain sbatch job under the controller's conventions (comment gandiva: job_submit.lua holds it)."""
+    proc = run_as(user, ["sbatch", "--parsable", "--comment=gandiva", "--requeue", "-p", "gpu", "-N", "1",
+                         "-o", "/dev/null", "--wrap", "sleep 2"], cluster.env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def _write_spec_as(cluster: DevCluster, user: str, jid: str, gpus: int) -> None:
+    """As `user`, (re)write the job's spec file asking for `gpus` GPUs."""
+    code = ("import sys, time; from slurm_gandiva.submit.spec import SubmitSpec, write_spec; "
+            "write_spec(sys.argv[1], SubmitSpec(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[4]), "
+            "submitted=time.time()))")
+    proc = run_as(user, [sys.executable, "-c", code, str(cluster.jobs_dir), jid, user, str(gpus)], cluster.env)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _squeue_reason(cluster: DevCluster, user: str, e: Env, jid: str) -> str:
+    sq = run_as(user, [GANDIVA, "squeue", "--json", "--config", str(e.conf)], cluster.env)
+    assert sq.returncode == 0, sq.stderr
+    rows = {r["job_id"]: r for r in json.loads(sq.stdout)}
+    return str(rows[jid]["reason"]) if jid in rows else ""
+
+
 def test_bad_progress_files_and_a_second_controller(
     slurm_cluster: DevCluster, slurm: SlurmBackend, users: tuple[str, str], ctl_dir: Path, cleanup: list[str]
 ) -> None:
@@ -289,6 +314,20 @@ def test_bad_progress_files_and_a_second_controller(
                 cleanup.append(jb)
         assert wait_for(lambda: _finished(slurm, jb), 120, "B's job to run and finish") == "COMPLETED"
         assert _state(slurm, ja) == "RUNNING"
+
+        # B's spec says 64 GPUs (an owner's edit): never registered, held with a reason B sees; fixed, it runs.
+        jc = _marked_sleep_job(cluster, b)
+        cleanup.append(jc)
+        _write_spec_as(cluster, b, jc, 64)
+        got = wait_for(lambda: (r := _squeue_reason(cluster, b, e, jc)) and "64 GPUs" in r and r, 30,
+                       "the 64-GPU spec's REASON")
+        assert "at most 4 per node" in got, got  # gandiva squeue works it out itself: the controller may lag
+        held = wait_for(lambda: (j := slurm.job(jc)).hold.value == "admin" and j, 30, "the controller's hold")
+        time.sleep(3)  # rounds go by: it is not registered, not started
+        still = slurm.job(jc)
+        assert still.pending and still.hold.value == "admin" and held.restart_count == 0, still
+        _write_spec_as(cluster, b, jc, 1)
+        assert wait_for(lambda: _finished(slurm, jc), 120, "the fixed job to run and finish") == "COMPLETED"
         assert e.proc is not None and e.proc.poll() is None, e.log_text()[-3000:]
         assert "tick failed" not in e.log_text()
     finally:
