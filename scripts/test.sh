@@ -8,7 +8,7 @@
 # the suite mostly waits on training jobs, so two runs take about 11 minutes where one takes 9 (2 cores).
 # GANDIVA_TEST_PARALLEL=1 tests one release at a time. Releases after the first build in the background.
 # These runs use the CLI backend. Where 25.11 is tested, pyslurm 25.11.2 is built against it (background too)
-# and a last run tests the pyslurm backend there: its own tests, then the adapter and protocol suites.
+# and a last run tests the pyslurm backend there (its own tests, a requeue cycle through it among them).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -110,8 +110,8 @@ if [ -n "$pyslurm_rel" ] && [ -n "$pyslurm_pid" ]; then
       prefix=$(gandiva_slurm_prefix "$pyslurm_rel")
       export GANDIVA_TEST_PORT_BASE=$base GANDIVA_SLURM_BACKEND=pyslurm LD_LIBRARY_PATH=$prefix/lib
       echo "== pytest: the pyslurm backend on Slurm $(gandiva_slurm_version "$pyslurm_rel") ($prefix)"
-      exec "${pytest_[@]}" -m "slurm or pyslurm" tests/integration/test_pyslurm_backend.py \
-        tests/integration/test_slurm_adapter.py tests/integration/test_requeue_cycle.py "$@"
+      # Its own tests only: libslurm holds one cluster per process, and they bring their own.
+      exec "${pytest_[@]}" -m pyslurm tests/integration/test_pyslurm_backend.py "$@"
     ) || { status=1; failed+=("pyslurm backend on $pyslurm_rel"); }
   else
     status=1
