@@ -682,9 +682,9 @@ def plan_gres(job: SlurmJob, placement: Placement, caps: SlurmCapabilities) -> s
     slurmctld): a job booked on shards keeps them and may only add more, a job booked on whole GPUs is never
     packed; jobs submitted without --gres can start either way. Elsewhere any placement goes.
     """
-    kind = gres_kind(job.tres_per_node)
     if caps.gres_kind_switch:
         return gres_for(placement)
+    kind = gres_kind(job.tres_per_node)
     if kind is GresKind.SHARD:
         if not placement.shared:
             raise ProtocolError(_gres_refusal(job.job_id, kind, placement))

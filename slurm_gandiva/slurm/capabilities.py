@@ -3,8 +3,9 @@
 Learned once from the running Slurm (`scontrol show config` names slurmctld's release and its scheduler
 parameters; `slurmctld -V` names an installed release before any daemon runs). The rest of the project
 asks this object questions ("does a requeued job keep its old GPU indices?") and never compares versions
-itself. Each behaviour below was measured on the real daemons; tests/integration/test_capabilities.py
-checks every one of them against the running Slurm of each supported release (22.05, 24.11, 25.11, 26.05).
+itself. Each behaviour below was measured on the real daemons; the capability tests in tests/integration
+(test_slurm_adapter.py, test_requeue_cycle.py, test_controller.py: "...as the capabilities say", "...where
+slurm allows") check them against the running Slurm of each supported release (22.05, 24.11, 25.11, 26.05).
 """
 
 from __future__ import annotations

@@ -128,10 +128,16 @@ class CliBackend:
     def jobs(self) -> tuple[SlurmJob, ...]:
         """Every job slurmctld knows, finished ones included (newer squeue shows only active jobs by default;
         22.05's squeue --json ignores filters and always lists every job)."""
-        out = self._run(["squeue", "--json", "--states=all"], "squeue")
+        return self._squeue()
+
+    def _squeue(self, *filters: str) -> tuple[SlurmJob, ...]:
+        """`squeue --json --states=all FILTERS`, parsed; a filter naming a job slurmctld does not know: ()."""
+        out = self._run(["squeue", "--json", "--states=all", *filters], "squeue")
         try:
             return parse.parse_squeue(parse.load_json(out, "squeue"))
         except parse.SlurmQueryError as exc:
+            if filters and any(s in str(exc).lower() for s in _UNKNOWN_JOB):
+                return ()
             raise SlurmUnreachable(f"{exc}: is slurmctld running? try `gandiva devcluster status`") from None
         except parse.ParseError as exc:
             raise SlurmError(f"{exc}: report this with your Slurm version (`squeue --version`)") from None
@@ -152,19 +158,8 @@ class CliBackend:
 
     def job(self, job_id: str) -> SlurmJob:
         job_id = _job_id(job_id)
-        if self.capabilities().squeue_json_filters:
-            try:
-                out = self._run(["squeue", "--json", "--states=all", f"--jobs={job_id}"], "squeue")
-                found = parse.parse_squeue(parse.load_json(out, "squeue"))
-            except parse.SlurmQueryError as exc:
-                if any(s in str(exc).lower() for s in _UNKNOWN_JOB):
-                    found = ()
-                else:
-                    raise SlurmUnreachable(f"{exc}: is slurmctld running? try `gandiva devcluster status`") from None
-            except parse.ParseError as exc:
-                raise SlurmError(f"{exc}: report this with your Slurm version (`squeue --version`)") from None
-        else:
-            found = self.jobs()  # 22.05's squeue --json ignores --jobs: it prints every job anyway
+        # 22.05's squeue --json ignores --jobs and prints every job anyway.
+        found = self._squeue(f"--jobs={job_id}") if self.capabilities().squeue_json_filters else self.jobs()
         for j in found:
             if j.job_id == job_id:
                 return j
