@@ -36,6 +36,7 @@ CPUS_PER_NODE = 8
 MEMORY_MB = 8000
 CTLD_PORT_OFFSET = 17
 SLURMD_PORT_OFFSET = 101
+SLURMD_RESTART_GRACE_S = 3.0
 
 
 class DevClusterError(GandivaError):
@@ -471,13 +472,17 @@ class DevCluster:
         deadline = self._clock() + self.start_timeout
         resumed = False
         states: dict[str, str] = {}
+        gone: dict[str, float] = {}  # node -> since when its slurmd has had no live pid
         while self._clock() < deadline:
             states = self._node_states()
             bad = [n for n in self.node_names if not states.get(n, "").startswith(("IDLE", "MIXED", "ALLOCATED"))]
             if not bad:
                 return
             for n in bad:
-                if self._pid(f"slurmd-{n}") is None:
+                if self._pid(f"slurmd-{n}") is not None:
+                    gone.pop(n, None)
+                # A slurmd that re-executes itself (reconfigure, 25.11 on) has no pid for a moment.
+                elif self._clock() - gone.setdefault(n, self._clock()) >= SLURMD_RESTART_GRACE_S:
                     log = self._log(f"slurmd-{n}")
                     raise DevClusterError(f"slurmd for {n} exited ({_last_log_line(log)}): see {log}")
             down = [n for n in bad if any(s in states.get(n, "") for s in ("DOWN", "DRAIN", "FAIL"))]
