@@ -18,12 +18,13 @@ from typing import cast
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.selector.afs import AfsL, AfsP
 from slurm_gandiva.selector.base import Policy
-from slurm_gandiva.selector.baselines import Fifo, Srtf, Tiresias
+from slurm_gandiva.selector.baselines import Fifo, Slurm, Srtf, Tiresias
 from slurm_gandiva.selector.gandiva import Default, Gandiva
 
-POLICY_NAMES = ("fifo", "srtf", "tiresias", "gandiva", "afs-l", "afs-p", "default")
+POLICY_NAMES = ("slurm", "fifo", "srtf", "tiresias", "gandiva", "afs-l", "afs-p", "default")
 
 _FACTORIES: dict[str, Callable[..., object]] = {
+    "slurm": Slurm,
     "fifo": Fifo,
     "srtf": Srtf,
     "tiresias": Tiresias,
@@ -54,8 +55,9 @@ def make_policy(name: str, **params: object) -> Policy:
 
 
 # Parameters that must be positive (the rest of the numbers: zero or more; `seed`: any whole number).
-_POSITIVE = frozenset({"quantum", "trial_window", "lease", "threshold", "probe"})
+_POSITIVE = frozenset({"quantum", "trial_window", "lease", "threshold", "probe", "depth", "window"})
 _FRACTION = frozenset({"pack_keep"})  # in (0, 1]
+_FACTOR = frozenset({"overestimate"})  # 1 or more
 
 
 def check_params(name: str, params: Mapping[str, object]) -> dict[str, object]:
@@ -88,6 +90,8 @@ def _checked(key: str, value: object, hint: object) -> object:
         return value
     if key in _FRACTION and not 0 < number <= 1:
         raise ConfigError(f"{bad} must be a fraction in (0, 1]")
+    if key in _FACTOR and number < 1:
+        raise ConfigError(f"{bad} must be at least 1")
     if key in _POSITIVE and number <= 0:
         raise ConfigError(f"{bad} must be positive")
     if key != "seed" and number < 0:

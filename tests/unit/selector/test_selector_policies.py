@@ -595,7 +595,7 @@ def test_default_gives_a_new_job_a_probe_slice_then_allocates_like_afs_l() -> No
 
 
 def test_registry() -> None:
-    assert POLICY_NAMES == ("fifo", "srtf", "tiresias", "gandiva", "afs-l", "afs-p", "default")
+    assert POLICY_NAMES == ("slurm", "fifo", "srtf", "tiresias", "gandiva", "afs-l", "afs-p", "default")
     for name in POLICY_NAMES:
         pol = make_policy(name)
         assert pol.name == name
