@@ -32,8 +32,10 @@ def test_step_time_is_the_table_value_averaged_over_orderings() -> None:
 def test_shapes_beyond_the_tables() -> None:
     p = load_profile("imagenet")
     assert p.step_time((8,)) == p.step_time((4,))  # more GPUs on one node than measured
+    # 32 GPUs on 8 nodes: the scalability row, or a faster row measured on more nodes (12 nodes here)
     st32 = p.step_time((4,) * 8)
-    assert st32 == p.by_scale.get((8, 32), st32)
+    more = [st for (n, k), st in p.by_scale.items() if k == 32 and n >= 8]
+    assert st32 == min(more) < p.by_scale[(8, 32)]
     lo, hi = p.step_time((4,) * 4), p.step_time((4,) * 16)
     assert min(lo, hi) <= p.step_time((4,) * 10) <= max(lo, hi) * 1.5
 
