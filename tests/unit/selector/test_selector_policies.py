@@ -568,6 +568,7 @@ def test_srtf_preempts_for_shorter_job() -> None:
 
 
 def test_tiresias_demotes_past_threshold() -> None:
+    assert make_policy("tiresias").threshold == 50 * 3600.0  # type: ignore[attr-defined]  # as the AFS evaluation
     pol = make_policy("tiresias", threshold=3600.0)
     b = job("b", submit=1.0)
     young = running("a", gp("n1", 0), attained_service=100.0)
