@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -20,10 +21,12 @@ traces:
     submit_time  seconds from the trace start (required)
     duration     seconds on `gpus` GPUs at the best placement (required)
     gpus         GPUs asked for (required)
-    job_id, model (bert|cifar10|deepspeech2|imagenet|ncf|yolov3), user, max_gpus (optional)
+    job_id, model (bert|cifar10|deepspeech2|imagenet|ncf|yolov3), user, max_gpus (>= gpus) (optional)
   e.g.  job_id,submit_time,duration,gpus,model
         a,0,3600,1,cifar10
-  A malformed row is reported with its file and line number.
+  A malformed row, or a column (key) not listed here, is reported with its file and line number.
+  --load F compresses its arrivals too. A job asking for more GPUs than --gpus is refused unless
+  --cap-gpus is given (then it runs on all of them, with a warning).
 
 overheads: each start/resume/migrate/resize/pack costs seconds without progress; the defaults come from
   benchmarks/results/requeue.json when it exists (measured on the real cluster), else guesses
@@ -47,7 +50,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--trace", default="philly", help="'philly' (packaged) or a CSV/JSON trace file")
     p.add_argument("--vc", help="Philly virtual cluster id (default: all clusters)")
     p.add_argument("--jobs", type=int, help="use the first N jobs")
-    p.add_argument("--load", type=float, default=1.0, help="arrival compression factor (default 1.0)")
+    p.add_argument(
+        "--load", type=float, default=1.0, help="arrival compression factor, > 0, for any trace (default 1.0)"
+    )
+    p.add_argument(
+        "--cap-gpus",
+        action="store_true",
+        help="run jobs that ask for more GPUs than the cluster has on all of them (default: refuse the trace)",
+    )
     p.add_argument("--gpus", type=int, default=64, help="GPUs in the cluster (default 64)")
     p.add_argument("--gpus-per-node", type=int, default=4)
     p.add_argument("--gpus-per-switch", type=int, default=2)
@@ -143,6 +153,8 @@ def _main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--gpus {args.gpus} must be a positive multiple of --gpus-per-node {args.gpus_per_node}")
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError("--jobs must be >= 1")
+    if not (math.isfinite(args.load) and args.load > 0):
+        raise ConfigError(f"--load {args.load} must be a number > 0 (2.0 = arrivals twice as dense)")
     names = [n.strip() for n in args.compare.split(",") if n.strip()] if args.compare else [args.policy]
     params = parse_params(args.param)
     policies = [make_named_policy(n, seed=args.seed, params=params) for n in names]
@@ -152,8 +164,17 @@ def _main(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace)
         if args.jobs is not None:
             trace = type(trace)(trace.name, trace.jobs[: args.jobs])
+        trace = trace.compressed(args.load)
     if not trace.jobs:
         raise ConfigError(f"trace {args.trace} has no jobs")
+    big = trace.oversized(args.gpus)
+    if big:
+        largest = max(j.gpus for j in big)
+        what = f"{len(big)} job(s) ask for more than the cluster's {args.gpus} GPUs (the largest {largest})"
+        if not args.cap_gpus:
+            raise ConfigError(f"{what}; raise --gpus, or pass --cap-gpus to run them on {args.gpus}")
+        print(f"warning: {what}; capped at {args.gpus} (--cap-gpus)", file=sys.stderr)
+        trace = trace.capped(args.gpus)
     config = SimConfig(
         nodes=args.gpus // args.gpus_per_node,
         gpus_per_node=args.gpus_per_node,

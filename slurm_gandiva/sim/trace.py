@@ -9,8 +9,11 @@ Our own format (CSV with a header, or JSON), one job per row:
 - ``model`` (optional): one of bert, cifar10, deepspeech2, imagenet, ncf, yolov3; default: drawn
   from the seed.
 - ``user`` (optional): default ``user``.
-- ``max_gpus`` (optional): for elastic policies, the most GPUs the job may grow to; default: where its
-  model stops speeding up.
+- ``max_gpus`` (optional): for elastic policies, the most GPUs the job may grow to, >= ``gpus``; default:
+  where its model stops speeding up.
+
+Any other column (JSON: key) is refused, naming it: a misspelt optional column would otherwise be dropped
+without a word (``max_gpu`` leaving a job free to grow to the whole cluster).
 
 CSV example::
 
@@ -23,7 +26,7 @@ the file and the line (CSV: the physical line; JSON: the line the row's object s
 
 Philly (``philly.csv``): rows of one virtual cluster sorted by submission time (ties keep file order),
 the first N taken, times made relative to the first and divided by the load factor (load 2.0 = arrivals
-twice as dense).
+twice as dense). `Trace.compressed` does the same to any trace.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import csv
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -40,6 +43,7 @@ from slurm_gandiva.errors import TraceError
 from slurm_gandiva.sim.models import MODEL_NAMES, data_dir
 
 PHILLY = "philly"
+COLUMNS = ("job_id", "submit_time", "duration", "gpus", "model", "user", "max_gpus")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,34 @@ class Trace:
     def offered_load(self, gpus: int) -> float:
         """GPU time asked for over GPU time available between the first and the last arrival."""
         return self.gpu_seconds() / (gpus * self.span) if self.span > 0 else math.inf
+
+    def compressed(self, load: float) -> Trace:
+        """Arrivals made `load` times as dense (the gaps from the first arrival divided by `load`)."""
+        check_load(load)
+        if load == 1.0 or not self.jobs:
+            return self
+        t0 = self.jobs[0].submit_time
+        return Trace(self.name, tuple(replace(j, submit_time=t0 + (j.submit_time - t0) / load) for j in self.jobs))
+
+    def oversized(self, gpus: int) -> tuple[TraceJob, ...]:
+        """The jobs that ask for more than `gpus` GPUs."""
+        return tuple(j for j in self.jobs if j.gpus > gpus)
+
+    def capped(self, gpus: int) -> Trace:
+        """Each job's GPU count (and GPU range) capped at `gpus`."""
+        return Trace(
+            self.name,
+            tuple(
+                replace(j, gpus=min(j.gpus, gpus), max_gpus=None if j.max_gpus is None else min(j.max_gpus, gpus))
+                for j in self.jobs
+            ),
+        )
+
+
+def check_load(load: float) -> None:
+    """TraceError unless `load` is a usable arrival compression factor."""
+    if not (math.isfinite(load) and load > 0):
+        raise TraceError(f"load factor {load} must be a number > 0 (2.0 = arrivals twice as dense)")
 
 
 def philly_path() -> Path:
@@ -119,8 +151,8 @@ def _job_from_row(row: Mapping[str, object], index: int, where: str) -> TraceJob
         raise TraceError(f"{where}: unknown model {model!r}; use one of {', '.join(MODEL_NAMES)} or leave it empty")
     max_raw = get("max_gpus")
     max_gpus = _int(max_raw, "max_gpus", where) if max_raw not in (None, "") else None
-    if max_gpus is not None and max_gpus < 1:
-        raise TraceError(f"{where}: max_gpus {max_gpus} must be >= 1")
+    if max_gpus is not None and max_gpus < gpus:
+        raise TraceError(f"{where}: max_gpus {max_gpus} is below gpus {gpus}; raise it or leave it empty")
     return TraceJob(
         job_id=get("job_id") or f"j{index}",
         submit_time=submit,
@@ -130,6 +162,12 @@ def _job_from_row(row: Mapping[str, object], index: int, where: str) -> TraceJob
         user=get("user") or "user",
         max_gpus=max_gpus,
     )
+
+
+def _check_keys(row: Mapping[str, object], where: str, what: str) -> None:
+    unknown = [k for k in row if k not in COLUMNS]
+    if unknown:
+        raise TraceError(f"{where}: unknown {what} {unknown[0]!r}; known {what}s: {', '.join(COLUMNS)}")
 
 
 def _finish(name: str, jobs: Iterable[TraceJob], path: Path) -> Trace:
@@ -155,6 +193,9 @@ def _csv_rows(path: Path, keep: tuple[str, str] | None = None) -> Iterator[tuple
         if not header:
             raise TraceError(f"{path}:1: empty file; a trace needs a header row")
         header = [h.strip() for h in header]
+        twice = sorted({h for h in header if header.count(h) > 1})
+        if twice:
+            raise TraceError(f"{path}:1: column {twice[0]!r} appears twice in the header; keep one")
         col = -1
         if keep is not None:
             if keep[0] not in header:
@@ -183,6 +224,7 @@ def load_trace(path: str | Path) -> Trace:
             missing = {"submit_time", "duration", "gpus"} - set(row)
             if missing:
                 raise TraceError(f"{p}:1: header lacks {', '.join(sorted(missing))}; see `gandiva simulate --help`")
+            _check_keys(row, f"{p}:1", "column")
         jobs.append(_job_from_row(row, i, f"{p}:{line}"))
     return _finish(p.stem, jobs, p)
 
@@ -205,6 +247,7 @@ def _load_json(p: Path) -> Trace:
         line = starts[i] if i < len(starts) else 1
         if not isinstance(row, dict):
             raise TraceError(f"{p}:{line}: job {i} is not an object")
+        _check_keys(row, f"{p}:{line}", "key")
         jobs.append(_job_from_row(row, i, f"{p}:{line}"))
     return _finish(p.stem, jobs, p)
 
@@ -246,8 +289,7 @@ def load_philly(
     load: float = 1.0,
 ) -> Trace:
     """Jobs of one Philly virtual cluster (all clusters when `vc` is None), first `jobs` by submission."""
-    if load <= 0:
-        raise TraceError(f"load factor {load} must be > 0")
+    check_load(load)
     p = Path(path) if path is not None else philly_path()
     rows: list[tuple[datetime, int, dict[str, str]]] = []
     for line, row in _csv_rows(p, ("cluster", vc) if vc is not None else None):

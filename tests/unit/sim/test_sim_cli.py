@@ -19,9 +19,13 @@ def test_single_policy_summary_and_out_dir(tmp_path: Path, capsys: pytest.Captur
     tr.write_text(TRACE)
     out = tmp_path / "out"
     costs = ["--start-cost", "0", "--suspend-cost", "0", "--resume-cost", "0", "--out", str(out)]
-    rc = main(["simulate", "--trace", str(tr), "--gpus", "1", "--gpus-per-node", "1", "--policy", "fifo", *costs])
+    argv = ["simulate", "--trace", str(tr), "--gpus", "1", "--gpus-per-node", "1", "--policy", "fifo", "--cap-gpus"]
+    rc = main([*argv, *costs])
     captured = capsys.readouterr()
     assert rc == 0
+    assert "warning: 1 job(s) ask for more than the cluster's 1 GPUs (the largest 2); capped at 1" in captured.err
+    # offered load on what runs: (100 + 50 + 30 * 1) GPU-s over 20 s on 1 GPU
+    assert "offered load 9.00 on 1 GPUs" in captured.err
     assert captured.out.splitlines()[0].startswith("policy")
     assert "fifo" in captured.out and "3/3" in captured.out
     assert "3/3 jobs" in captured.err  # the progress bar
@@ -96,3 +100,67 @@ def test_progress_bar_redraws_on_a_tty_and_logs_tenths_elsewhere() -> None:
     for i in range(101):
         bar(i, 100, 0.0)
     assert len(log.getvalue().splitlines()) == 11  # 0%, 10%, ..., 100%
+
+
+def _bad(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+HEAD = "job_id,submit_time,duration,gpus"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "extra", "message"),
+    [
+        (
+            "big.csv",
+            f"{HEAD}\na,0,10,1\nb,5,10,8\nc,6,10,6\n",
+            [],
+            "2 job(s) ask for more than the cluster's 4 GPUs (the largest 8); raise --gpus, or pass --cap-gpus",
+        ),
+        ("t.csv", f"{HEAD}\na,0,10,1\n", ["--load", "-1"], "--load -1.0 must be a number > 0"),
+        ("t.csv", f"{HEAD}\na,0,10,1\n", ["--load", "0"], "--load 0.0 must be a number > 0"),
+        ("t.csv", f"{HEAD}\na,0,10,1\n", ["--load", "nan"], "--load nan must be a number > 0"),
+        (
+            "typo.csv",
+            f"{HEAD},max_gpu\na,0,10,1,4\n",
+            [],
+            "typo.csv:1: unknown column 'max_gpu'; known columns: job_id,",
+        ),
+        (
+            "typo.json",
+            '[{"submit_time": 0, "duration": 1, "gpus": 1, "max_gpu": 4}]',
+            [],
+            "typo.json:1: unknown key 'max_gpu'",
+        ),
+        ("range.csv", f"{HEAD},max_gpus\na,0,10,1,1\nb,0,10,4,2\n", [], "range.csv:3: max_gpus 2 is below gpus 4"),
+        ("min.csv", f"{HEAD},min_gpus\na,0,10,1,2\n", [], "unknown column 'min_gpus'"),
+        ("zero.csv", f"{HEAD}\na,0,10,0\n", [], "zero.csv:2: gpus 0 must be >= 1"),
+        ("neg.csv", f"{HEAD},max_gpus\na,0,10,1,-2\n", [], "neg.csv:2: max_gpus -2 is below gpus 1"),
+        ("nan.csv", f"{HEAD}\na,0,nan,1\n", [], "nan.csv:2: duration 'nan' is not finite"),
+        ("dup.csv", f"{HEAD}\na,0,10,1\na,5,10,1\n", [], "job_id 'a' appears twice"),
+        ("twice.csv", "submit_time,duration,gpus,gpus\n0,10,1,8\n", [], "twice.csv:1: column 'gpus' appears twice"),
+    ],
+)
+def test_bad_trace_input_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, extra: list[str], message: str
+) -> None:
+    tr = _bad(tmp_path, name, text)
+    rc = main(["simulate", "--trace", tr, "--gpus", "4", "--policy", "fifo", "--no-progress", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("gandiva: error: "), err
+    assert message in err
+
+
+def test_load_compresses_a_file_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tr = _bad(tmp_path, "t.csv", f"{HEAD}\na,100,3600,1\nb,3700,3600,1\n")
+    spans = []
+    for load in ("1", "2"):
+        rc = main(["simulate", "--trace", tr, "--gpus", "4", "--policy", "fifo", "--no-progress", "--load", load])
+        assert rc == 0
+        err = capsys.readouterr().err
+        spans.append(err.split("over ")[1].split(" h")[0])
+    assert spans == ["1.0", "0.5"]  # 3600 s between arrivals, then 1800 s
