@@ -110,7 +110,9 @@ class Slurm:
       job's remaining time at its measured rate, a waiting job's at its rate on its count (as SRTF). Above
       1, a running job is expected to end at its limit (limit minus time held), never sooner than
       `PAST_LIMIT_S` from now.
-    - `depth`: at most this many waiting jobs are examined per round (bf_max_job_test, default 500).
+    - `depth`: from the first job that cannot start on, at most this many waiting jobs are examined
+      per round (bf_max_job_test, default 500). The jobs ahead of it start whatever their number, as
+      Slurm's main scheduler starts jobs in priority order until one cannot start.
     - `reserve`: how many jobs that cannot start get a reservation. 1 is EASY. Slurm's own planner
       reserves for every job it tests, within `depth` and `window` (conservative backfill, Mu'alem &
       Feitelson): set `reserve` to `depth` for that; 0 is backfill with no reservations at all.
@@ -167,24 +169,41 @@ class Slurm:
                 (j for j in jobs if j.job_id not in counts),
                 key=lambda j: (j.spec.submit_time, tie_rank(self.seed, j.job_id)),
             )
-            self._backfill(waiting[: self.depth], _Profile(now, free, ends), now, speeds, counts)
+            self._backfill(waiting, free, ends, now, speeds, counts)
         targets, _ = realize(view, jobs, counts, reason="slurm", memo=self.memo)
         return targets.plan(view)
 
     def _backfill(
-        self, waiting: list[Job], profile: _Profile, now: float, speeds: Speeds, counts: dict[str, int]
+        self,
+        waiting: list[Job],
+        free: int,
+        ends: list[tuple[float, int]],
+        now: float,
+        speeds: Speeds,
+        counts: dict[str, int],
     ) -> None:
-        """Start (in `counts`) the jobs of `waiting` that fit now without delaying a reservation."""
+        """Start (in `counts`) the jobs of `waiting` that fit now without delaying a reservation; `free`
+        GPUs are free now and `ends` says when the running ones free up."""
+        profile: _Profile | None = None  # built at the first job that cannot start: none before it
         reserved = 0
+        tested = 0  # jobs examined from the first that could not start on (bf_max_job_test)
         for j in waiting:
-            free = profile.free[0]
-            if free <= 0:
-                break  # nothing more can start this round; later reservations would change nothing
+            if free <= 0 or tested >= self.depth:
+                break  # nothing more can start this round (later reservations would change nothing)
             k = _rigid(j)
             span = self.expected(j, k, speeds)
+            if profile is None:
+                if k <= free:
+                    counts[j.job_id] = k
+                    free -= k
+                    ends.append((now + span, k))
+                    continue
+                profile = _Profile(now, free, ends)
+            tested += 1
             if k <= free and now + span <= profile.horizon(k) + _SLACK_S:
                 counts[j.job_id] = k
                 profile.take(now, now + span, k)
+                free = profile.free[0]
             elif reserved < self.reserve:
                 start = profile.earliest(k, span)
                 if start == math.inf or (self.window is not None and start > now + self.window):

@@ -138,6 +138,9 @@ def test_depth_and_window_bound_the_planner() -> None:
     short = job("short", 1, submit=2.0, work=10.0)
     assert decide(A, HEAD, short, depth=1) == []  # only the head is examined
     assert decide(A, HEAD, short, depth=2) == ["short"]
+    # The jobs ahead of the first that cannot start are not counted (Slurm's main scheduler starts them).
+    ones = [job(f"j{i}", 1, submit=float(i), work=1e6) for i in range(4)]
+    assert decide(*ones, depth=1) == ["j0", "j1", "j2", "j3"]
     long = job("long", 2, submit=2.0, work=1e6)
     assert decide(A, HEAD, long) == []
     assert decide(A, HEAD, long, window=60.0) == ["long"]  # the head's start (90 s ahead) is past the window
