@@ -98,7 +98,9 @@ class Slurm:
     Slurm's default scheduler is sched/backfill: "Backfill scheduling will start lower priority jobs if
     doing so does not delay the expected start time of any higher priority jobs", the expected times
     coming from the jobs' time limits (https://slurm.schedmd.com/sched_config.html; SchedulerParameters
-    bf_* in https://slurm.schedmd.com/slurm.conf.html). Priority is submit order (priority/basic).
+    bf_* in https://slurm.schedmd.com/slurm.conf.html). Priority is submit order: priority/basic, or
+    priority/multifactor (the newer default) with its weights left at 0, where ties go by submit time
+    (https://slurm.schedmd.com/priority_multifactor.html).
     Each round, in that order: a job that fits now starts; the first that does not gets a reservation
     at the earliest time enough GPUs free up, from the expected ends of the running jobs; a later job
     starts now only if it fits now and does not delay that reservation (it ends by its estimate at the
@@ -106,10 +108,10 @@ class Slurm:
     (Lifka, "The ANL/IBM SP scheduling system", JSSPP 1995; Mu'alem & Feitelson, IEEE TPDS 12(6), 2001).
 
     - `overestimate` (>= 1): each job's time limit is this times its true run time on its GPUs (users
-      over-ask for walltime: Mu'alem & Feitelson's traces). 1, the default, is an oracle: a running
-      job's remaining time at its measured rate, a waiting job's at its rate on its count (as SRTF). Above
-      1, a running job is expected to end at its limit (limit minus time held), never sooner than
-      `PAST_LIMIT_S` from now.
+      over-ask for walltime; Mu'alem & Feitelson found that doubling exact estimates can even shorten
+      waits). 1, the default, is an oracle: a running job's remaining time at its measured rate, a
+      waiting job's at its rate on its count (as SRTF). Above 1, a running job is expected to end at its
+      limit (limit minus time held), never sooner than `PAST_LIMIT_S` from now.
     - `depth`: from the first job that cannot start on, at most this many waiting jobs are examined
       per round (bf_max_job_test, default 500). The jobs ahead of it start whatever their number, as
       Slurm's main scheduler starts jobs in priority order until one cannot start.
