@@ -8,7 +8,7 @@
 # the suite mostly waits on training jobs, so two runs take about 11 minutes where one takes 9 (2 cores).
 # GANDIVA_TEST_PARALLEL=1 tests one release at a time. Releases after the first build in the background.
 # These runs use the CLI backend. Where 25.11 is tested, pyslurm 25.11.2 is built against it (background too)
-# and a last run tests the pyslurm backend there (its own tests, a requeue cycle through it among them).
+# and a last run tests the pyslurm backend there: the whole real-Slurm suite through it, beside its own tests.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -105,14 +105,26 @@ while [ ${#todo[@]} -gt 0 ]; do
 done
 if [ -n "$pyslurm_rel" ] && [ -n "$pyslurm_pid" ]; then
   if wait "$pyslurm_pid"; then
-    (
+    pyslurm_run() {  # pyslurm_run NAME PYTEST-ARGS...: a pytest run through the pyslurm backend on $pyslurm_rel
       gandiva_slurm_use "$pyslurm_rel"
       prefix=$(gandiva_slurm_prefix "$pyslurm_rel")
       export GANDIVA_TEST_PORT_BASE=$base GANDIVA_SLURM_BACKEND=pyslurm LD_LIBRARY_PATH=$prefix/lib
-      echo "== pytest: the pyslurm backend on Slurm $(gandiva_slurm_version "$pyslurm_rel") ($prefix)"
-      # Its own tests only: libslurm holds one cluster per process, and they bring their own.
-      exec "${pytest_[@]}" -m pyslurm tests/integration/test_pyslurm_backend.py "$@"
-    ) || { status=1; failed+=("pyslurm backend on $pyslurm_rel"); }
+      echo "== pytest: $1 through the pyslurm backend on Slurm $(gandiva_slurm_version "$pyslurm_rel") ($prefix)"
+      exec "${pytest_[@]}" "${@:2}"
+    }
+    # The whole real-Slurm suite again, every in-process query and action and the controller's through
+    # pyslurm; beside it (another process: libslurm holds one cluster per process) the backend's own tests
+    # on their own cluster (GANDIVA_PYSLURM_PORT_BASE, 18800).
+    (pyslurm_run "the real-Slurm suite" -m slurm tests/ "$@") >"$logs/pytest-pyslurm.log" 2>&1 &
+    suite_pid=$!
+    own_rc=0
+    (pyslurm_run "the pyslurm backend's own tests" -m pyslurm tests/integration/test_pyslurm_backend.py "$@") \
+      >"$logs/pytest-pyslurm-own.log" 2>&1 || own_rc=$?
+    suite_rc=0
+    wait "$suite_pid" || suite_rc=$?
+    cat "$logs/pytest-pyslurm.log" "$logs/pytest-pyslurm-own.log"
+    [ "$suite_rc" -eq 0 ] || { status=1; failed+=("real-Slurm tests through pyslurm on $pyslurm_rel"); }
+    [ "$own_rc" -eq 0 ] || { status=1; failed+=("pyslurm backend's own tests on $pyslurm_rel"); }
   else
     status=1
     failed+=("installing pyslurm")

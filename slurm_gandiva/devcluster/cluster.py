@@ -535,7 +535,9 @@ class DevCluster:
         from slurm_gandiva.slurm import make_backend
 
         try:
-            snap = make_backend(self.env).snapshot()
+            # The CLI backend: one process may look after several clusters (tests do), where libslurm
+            # (pyslurm) holds one per process.
+            snap = make_backend(self.env, kind="cli").snapshot()
         except SlurmUnreachable:
             return ClusterStatus(self.state_dir, daemons, (), reachable=False)
         holders: dict[tuple[str, int], list[str]] = {}

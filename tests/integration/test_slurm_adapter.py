@@ -228,9 +228,15 @@ def test_stopped_slurmctld_is_unreachable(slurm_cluster: DevCluster, tmp_path: P
     base = int(os.environ.get("GANDIVA_TEST_PORT_BASE", "16800")) + 700
     other = DevCluster(tmp_path / "gone", nodes=1, gpus_per_node=1, port_base=base)
     other.up()
-    backend = make_backend(other.env, timeout=30)
-    assert [n.name for n in backend.nodes()] == ["n1"]
-    other.down()
+    try:
+        # libslurm holds one cluster per process: under GANDIVA_SLURM_BACKEND=pyslurm this process is bound to
+        # the session cluster, so the second one is asked through the CLI (the pyslurm backend's own
+        # unreachable test, tests/integration/test_pyslurm_backend.py, stops its cluster instead).
+        bound = os.environ.get("GANDIVA_SLURM_BACKEND", "").lower() in ("pyslurm", "auto-pyslurm")
+        backend = make_backend(other.env, timeout=30, kind="cli" if bound else "auto")
+        assert [n.name for n in backend.nodes()] == ["n1"]
+    finally:
+        other.down()
     # Each call retries for about 9 s before Slurm gives up, so only two: a query and an action.
     for call in (backend.jobs, lambda: backend.hold("1")):
         with pytest.raises(SlurmUnreachable, match="is slurmctld running"):

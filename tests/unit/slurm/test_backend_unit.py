@@ -61,7 +61,7 @@ def squeue_json(*jobs: dict[str, object]) -> str:
 
 def test_submit_always_requeue_append_and_script_on_stdin(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_OUT_sbatch", "42;cluster\n")
-    b = make_backend({"SLURM_CONF": "/x/slurm.conf"})
+    b = make_backend({"SLURM_CONF": "/x/slurm.conf"}, kind="cli")
     jid = b.submit(SubmitRequest("#!/bin/sh\necho hi\n", options=["--gres=gpu:g0:1", "-J", "a b"]))
     assert jid == "42"
     assert calls(fake) == ["sbatch --parsable --requeue --open-mode=append --gres=gpu:g0:1 -J a b"]
@@ -71,7 +71,7 @@ def test_submit_always_requeue_append_and_script_on_stdin(fake: Path, monkeypatc
 def test_submit_garbage_output_is_an_error(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_OUT_sbatch", "Submitted batch job\n")
     with pytest.raises(SlurmError, match="not a job id"):
-        make_backend().submit(SubmitRequest("#!/bin/sh\n"))
+        make_backend(kind="cli").submit(SubmitRequest("#!/bin/sh\n"))
 
 
 def test_actions_argv(fake: Path) -> None:

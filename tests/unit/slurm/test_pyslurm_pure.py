@@ -89,6 +89,40 @@ def test_cli_is_chosen_without_pyslurm_and_forcing_pyslurm_is_one_line(
         make_backend({"GANDIVA_SLURM_BACKEND": "rest"})
 
 
+def test_by_default_pyslurm_is_tried_only_for_the_slurm_commands_of_its_release(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """The default picks pyslurm where its package's release is that of `scontrol --version` on PATH, without
+    importing it elsewhere (libslurm of another release may end the process on that release's slurm.conf)."""
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    import slurm_gandiva.slurm as slurm_pkg
+
+    monkeypatch.delenv("GANDIVA_SLURM_BACKEND", raising=False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "pyslurm" else real_find_spec(name, *a)
+    )
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "25.11.2")
+    tried: list[object] = []
+    sentinel = SimpleNamespace(kind="pyslurm")
+    monkeypatch.setattr(slurm_pkg, "_pyslurm_backend", lambda env, timeout: tried.append(env) or sentinel)
+    bin_ = Path(str(tmp_path)) / "bin"
+    bin_.mkdir()
+    scontrol = bin_ / "scontrol"
+    for printed, picked in (("slurm 24.11.5", False), ("slurm 25.11.7", True)):
+        scontrol.write_text(f"#!/bin/sh\necho '{printed}'\n")
+        scontrol.chmod(0o755)
+        tried.clear()
+        backend = make_backend({"PATH": str(bin_)})
+        assert (backend is sentinel) is picked and bool(tried) is picked, printed
+        assert isinstance(make_backend({"PATH": str(bin_), "GANDIVA_SLURM_BACKEND": "cli"}), CliBackend)
+    scontrol.unlink()  # no Slurm commands at all: the CLI backend, which then says what is missing
+    assert isinstance(make_backend({"PATH": str(bin_)}), CliBackend)
+
+
 def test_pyslurm_is_bound_to_one_slurm_conf_per_process(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
     from pathlib import Path
 
