@@ -51,6 +51,17 @@ class GpuRef:
 
     node: str
     index: int
+    # GPUs are dict and set keys everywhere; the generated __hash__ built a tuple at every look-up.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.node, self.index)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[GpuRef], tuple[str, int]]:
+        return GpuRef, (self.node, self.index)  # str hashes differ between processes: hash again
 
     def __str__(self) -> str:
         return f"{self.node}:{self.index}"
@@ -188,7 +199,18 @@ class RateTable:
     def known_counts(self) -> list[int]:
         return sorted({k for k, _ in self.rates})
 
+    @cached_property
+    def _answers(self) -> dict[tuple[int, Locality | None], float]:
+        return {}  # throughput's answers: the table is frozen, and policies ask the same counts every round
+
     def throughput(self, gpus: int, locality: Locality | None = None) -> float:
+        key = (gpus, locality)
+        hit = self._answers.get(key)
+        if hit is None:
+            hit = self._answers[key] = self._throughput(gpus, locality)
+        return hit
+
+    def _throughput(self, gpus: int, locality: Locality | None) -> float:
         if gpus <= 0:
             return 0.0
         if locality is not None and (gpus, locality) in self.rates:
@@ -280,8 +302,8 @@ class Job:
     measured_rate: float | None = None  # latest measurement at the current placement
     failed_trials: frozenset[TrialKind] = frozenset()  # kinds of trial reverted on this job (not retried)
 
-    @property
-    def job_id(self) -> str:
+    @cached_property
+    def job_id(self) -> str:  # cached: policies read it millions of times on long traces
         return self.spec.job_id
 
     @property

@@ -13,6 +13,7 @@ GPUs, never J x S. Jobs whose next GPU brings no speed-up are not handed one.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import zlib
@@ -28,6 +29,7 @@ from slurm_gandiva.selector.placement import realize
 _MIN_GAIN = 1.0 + 1e-6  # a GPU that speeds a job up by less than this stays spare
 
 
+@functools.lru_cache(maxsize=1 << 17)  # every round of most policies sorts every job by it
 def tie_rank(seed: int, job_id: str) -> int:
     """A per-job random rank, stable across processes for one seed."""
     return zlib.crc32(f"{seed}:{job_id}".encode())

@@ -107,6 +107,9 @@ class GpuPool:
         self.ties = ties  # Slurm ties requeued jobs to their old GPU indices (`ClusterView.requeue_ties`)
         self.strict_ties = strict_ties  # `find`: never place a requeued job where Slurm would hold it
         self._settled: set[GpuRef] = set()  # booked by jobs that stay where they run (`settle`)
+        # `find` requests (GPUs, tied indices, max nodes) that found nothing since the pool last changed:
+        # they find nothing again (a round asks the same of many waiting jobs).
+        self._failed: set[tuple[int, frozenset[int], int | None]] = set()
         self._nodes: dict[str, _NodeState] = {}
         self._shards: dict[GpuRef, int] = {}
         self._whole: set[GpuRef] = set()
@@ -158,12 +161,14 @@ class GpuPool:
         """Whether every GPU of `placement` is on an up node and still available in that mode."""
         for g in placement.gpus:
             st = self._nodes.get(g.node)
-            if st is None or not self.topology.has_gpu(g):
+            if st is None:
                 return False
             if placement.shared:
-                if g in self._whole or self._shards.get(g, 0) >= self._shard_cap[g.node]:
+                if not self.topology.has_gpu(g) or g in self._whole:
                     return False
-            elif g not in st.free:
+                if self._shards.get(g, 0) >= self._shard_cap[g.node]:
+                    return False
+            elif g not in st.free:  # only existing GPUs are ever free
                 return False
         return True
 
@@ -190,6 +195,7 @@ class GpuPool:
 
     def _take(self, placement: Placement) -> None:
         """Mark a bookable placement's GPUs (whole or a shard each) and count its size on its nodes."""
+        self._failed.clear()
         for g in placement.gpus:
             st = self._nodes[g.node]
             if placement.shared:
@@ -224,10 +230,12 @@ class GpuPool:
         """Mark a booked placement as a running job's that stays: only such GPUs tie a requeued job
         (`Job.requeue_indices`); one starting in the same plan waits for the requeued job's resume
         (the actor's waves), so it does not."""
+        self._failed.clear()
         self._settled.update(placement.gpus)
 
     def release(self, placement: Placement) -> None:
         """Undo `book(placement)` (and `settle`)."""
+        self._failed.clear()
         self._settled.difference_update(placement.gpus)
         size = placement.count
         touched = dict.fromkeys(g.node for g in placement.gpus)
@@ -283,11 +291,18 @@ class GpuPool:
         `ties` (a Slurm that does not tie requeued jobs) the old indices are only preferred."""
         if tied is None:
             tied = job.requeue_indices
+        # Whether anything is found depends on the pool and these alone (the job only picks among them).
+        request = (gpus, tied, job.spec.max_nodes)
+        if request in self._failed:
+            return None
+        found = None
         if tied and self.ties:
             found = self._find(job, gpus, tied, tied)
-            if found is not None or self.strict_ties:
-                return found
-        return self._find(job, gpus, frozenset(), tied)
+        if found is None and not (tied and self.ties and self.strict_ties):
+            found = self._find(job, gpus, frozenset(), tied)
+        if found is None:
+            self._failed.add(request)
+        return found
 
     def _find(self, job: Job, gpus: int, tied: frozenset[int], prefer: frozenset[int]) -> Placement | None:
         """`find` on nodes clear for `tied`; on a node, GPUs with the `prefer` indices first."""
