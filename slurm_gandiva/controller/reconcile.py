@@ -31,7 +31,7 @@ from slurm_gandiva.requeue.contract import JobFiles, suspend_signal
 from slurm_gandiva.requeue.protocol import Outcome, Phase, phase
 from slurm_gandiva.requeue.safe_read import MAX_TAIL_BYTES, read_job_outcome, read_job_text
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SlurmNode, Snapshot
-from slurm_gandiva.store.api import DecisionRecord, JobRecord, SliceEnd, StoreApi
+from slurm_gandiva.store.api import DecisionRecord, JobRecord, SliceEnd, SliceRecord, StoreApi
 from slurm_gandiva.store.api import Outcome as StoreOutcome
 from slurm_gandiva.submit.spec import fallback_spec, load_spec
 
@@ -124,9 +124,13 @@ class Reconciler:
         now = self.clock()
         self._nodes = tuple(snap.nodes)
         managed = {j.job_id: j for j in snap.jobs if is_managed(j, self.partitions)}
+        # One read per kind of record for the round: settling a job writes only that job's records, and
+        # the loop below visits each job once, so what was read stays true for the jobs not yet visited.
+        records = self.store.jobs_by_id(managed)
+        current = self.store.open_slices(records)
         for sj in managed.values():
             try:
-                self._settle_slurm_job(sj, now, out)
+                self._settle_slurm_job(sj, records.get(sj.job_id), current.get(sj.job_id), now, out)
             except Exception:
                 log.exception("reconcile: job %s failed; will retry next tick", sj.job_id)
         for rec in self.store.list_jobs(states=[JobState.QUEUED, JobState.RUNNING, JobState.SUSPENDED]):
@@ -184,20 +188,21 @@ class Reconciler:
             self._note(out, "signal-refused", sj.job_id, f"{exc}; suspending it with the configured signal")
             return ""
 
-    def _settle_slurm_job(self, sj: SlurmJob, now: float, out: list[Finding]) -> None:
+    def _settle_slurm_job(
+        self, sj: SlurmJob, rec: JobRecord | None, current: SliceRecord | None, now: float, out: list[Finding]
+    ) -> None:
+        """Settle one job Slurm lists, given its stored record and open slice (None: none)."""
         jid = sj.job_id
         if sj.pending and sj.hold is not HoldKind.ADMIN:
             # job_submit.lua's hold is a user hold, a node failure requeues unheld: the controller decides.
             self.backend.hold(jid)
             self._note(out, "admin-hold", jid, f"was {sj.reason or 'pending'} with a {sj.hold.value} hold")
-        rec = self.store.get_job(jid)
         if rec is None and sj.finished:
             return  # finished before this controller ever saw it: nothing to manage
         if rec is None:
             rec = self._register(sj, now, out)
             if rec is None:
                 return
-        current = self.store.current_slice(jid)
         if sj.finished:
             end = sj.end_time or now
             reason = finished_slice_end(sj.state)

@@ -229,8 +229,10 @@ class Controller:
         managed = {
             j.job_id: j for j in snap.jobs if is_managed(j, self.config.partitions) and not j.finished
         }
-        records = {jid: r for jid in managed if (r := self.store.get_job(jid)) is not None}
+        found = self.store.jobs_by_id(managed)
+        records = {jid: found[jid] for jid in managed if jid in found}
         slices_by_job: dict[str, list[Any]] = {jid: [] for jid in records}
+        rates = self.store.rates_by_job(records) if records else {}
         if records:
             for s in self.store.slices(job_ids=list(records)):
                 slices_by_job.setdefault(s.job_id, []).append(s)
@@ -247,7 +249,7 @@ class Controller:
                     slurm=managed[jid],
                     spec=rec.spec,
                     slices=tuple(slices_by_job.get(jid, ())),
-                    rates=self.store.rates(jid),
+                    rates=rates.get(jid, ()),
                     progress=prog,
                     trial=self._trials.get(jid),
                     failed_trials=self._failed_trials.get(jid, frozenset()),

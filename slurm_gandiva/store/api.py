@@ -206,6 +206,10 @@ class StoreApi(Protocol):
 
     def get_job(self, job_id: str) -> JobRecord | None: ...
 
+    def jobs_by_id(self, job_ids: Iterable[str]) -> dict[str, JobRecord]:
+        """`get_job` of many jobs at once: the stored ones of `job_ids`, by id (unknown ids are left out)."""
+        ...
+
     def list_jobs(
         self, *, states: Iterable[JobState] | None = None, users: Iterable[str] | None = None
     ) -> tuple[JobRecord, ...]:
@@ -227,6 +231,10 @@ class StoreApi(Protocol):
         ...
 
     def current_slice(self, job_id: str) -> SliceRecord | None: ...
+
+    def open_slices(self, job_ids: Iterable[str]) -> dict[str, SliceRecord]:
+        """`current_slice` of many jobs at once, by id (jobs without an open slice are left out)."""
+        ...
 
     def slices(
         self,
@@ -279,6 +287,10 @@ class StoreApi(Protocol):
     def record_rate(self, job_id: str, gpus: int, locality: Locality, rate: float, at: float) -> int: ...
 
     def rates(self, job_id: str) -> tuple[RateRecord, ...]: ...
+
+    def rates_by_job(self, job_ids: Iterable[str]) -> dict[str, tuple[RateRecord, ...]]:
+        """`rates` of many jobs at once, by id (jobs without a recorded rate are left out)."""
+        ...
 
     def record_event(self, kind: str, job_id: str | None, detail: str, at: float) -> int: ...
 

@@ -152,7 +152,8 @@ def gpus_from_text(text: str) -> tuple[GpuRef, ...]:
     return tuple(out)
 
 
-def _job(row: JobRow) -> JobRecord:
+def _job(row: Any) -> JobRecord:
+    """A job record from an ORM row or a plain column row with the same names."""
     spec = JobSpec(
         job_id=row.id,
         user=row.user,
@@ -203,6 +204,23 @@ def _step(row: StepRow) -> StepRecord:
 
 def _as_tuple(values: Iterable[str] | None) -> tuple[str, ...] | None:
     return None if values is None else tuple(values)
+
+
+# Ids per `IN (...)` list of the batched reads: under the 999 bound parameters of SQLite before 3.32.
+IN_CHUNK = 900
+
+
+def _chunks(ids: Iterable[str]) -> Iterator[tuple[str, ...]]:
+    uniq = tuple(dict.fromkeys(ids))
+    for i in range(0, len(uniq), IN_CHUNK):
+        yield uniq[i : i + IN_CHUNK]
+
+
+_JOB_COLUMNS = tuple(JobRow.__table__.columns)
+_SLICE_COLUMNS = (
+    SliceRow.id, SliceRow.job_id, SliceRow.seq, SliceRow.gpus, SliceRow.shared, SliceRow.start_time,
+    SliceRow.end_time, SliceRow.end_reason, JobRow.user,
+)
 
 
 def _must_get(s: Session, row_type: type[R], key: str | int, what: str) -> R:
@@ -505,6 +523,14 @@ class Store:
     def get_job(self, job_id: str) -> JobRecord | None:
         return self._lookup(JobRow, job_id, _job)
 
+    def jobs_by_id(self, job_ids: Iterable[str]) -> dict[str, JobRecord]:
+        out: dict[str, JobRecord] = {}
+        with self._engine.connect() as conn:
+            for ids in _chunks(job_ids):
+                for row in conn.execute(sa.select(*_JOB_COLUMNS).where(JobRow.id.in_(ids))):
+                    out[row.id] = _job(row)
+        return out
+
     def list_jobs(
         self, *, states: Iterable[JobState] | None = None, users: Iterable[str] | None = None
     ) -> tuple[JobRecord, ...]:
@@ -573,6 +599,20 @@ class Store:
                 return None
             return _slice(row, _job_user(s, job_id))
 
+    def open_slices(self, job_ids: Iterable[str]) -> dict[str, SliceRecord]:
+        out: dict[str, SliceRecord] = {}
+        q = (
+            sa.select(*_SLICE_COLUMNS)
+            .join(JobRow, JobRow.id == SliceRow.job_id)
+            .where(SliceRow.end_time.is_(None))
+            .order_by(SliceRow.id)  # the newest open slice wins, as in current_slice
+        )
+        with self._engine.connect() as conn:
+            for ids in _chunks(job_ids):
+                for row in conn.execute(q.where(SliceRow.job_id.in_(ids))):
+                    out[row.job_id] = _slice(row, row.user)
+        return out
+
     def slices(
         self,
         *,
@@ -582,24 +622,10 @@ class Store:
         end: float | None = None,
     ) -> tuple[SliceRecord, ...]:
         # plain column rows, not ORM objects: several times faster for long histories (sacct)
-        q = (
-            sa.select(
-                SliceRow.id,
-                SliceRow.job_id,
-                SliceRow.seq,
-                SliceRow.gpus,
-                SliceRow.shared,
-                SliceRow.start_time,
-                SliceRow.end_time,
-                SliceRow.end_reason,
-                JobRow.user,
-            )
-            .join(JobRow, JobRow.id == SliceRow.job_id)
-            .order_by(SliceRow.start_time, SliceRow.id)
+        q = sa.select(*_SLICE_COLUMNS).join(JobRow, JobRow.id == SliceRow.job_id).order_by(
+            SliceRow.start_time, SliceRow.id
         )
-        ids, names = _as_tuple(job_ids), _as_tuple(users)
-        if ids is not None:
-            q = q.where(SliceRow.job_id.in_(ids))
+        names = _as_tuple(users)
         if names is not None:
             q = q.where(JobRow.user.in_(names))
         if start is not None:
@@ -607,7 +633,11 @@ class Store:
         if end is not None:
             q = q.where(SliceRow.start_time <= end)
         with self._engine.connect() as conn:
-            return tuple(_slice(row, row.user) for row in conn.execute(q).all())
+            if job_ids is None:
+                return tuple(_slice(row, row.user) for row in conn.execute(q).all())
+            rows = [row for ids in _chunks(job_ids) for row in conn.execute(q.where(SliceRow.job_id.in_(ids)))]
+        rows.sort(key=lambda r: (r.start_time, r.id))  # the chunks' rows in one start order
+        return tuple(_slice(row, row.user) for row in rows)
 
     # -- decisions and protocol steps -------------------------------------------------------------
     def record_intent(self, job_id: str, action: Action, placement: Placement | None, reason: str, at: float) -> int:
@@ -693,6 +723,18 @@ class Store:
         q = sa.select(RateRow).where(RateRow.job_id == job_id).order_by(RateRow.at, RateRow.id)
         with self._read() as s:
             return tuple(RateRecord(r.id, r.job_id, r.gpus, Locality(r.locality), r.rate, r.at) for r in s.scalars(q))
+
+    def rates_by_job(self, job_ids: Iterable[str]) -> dict[str, tuple[RateRecord, ...]]:
+        out: dict[str, list[RateRecord]] = {}
+        cols = (RateRow.id, RateRow.job_id, RateRow.gpus, RateRow.locality, RateRow.rate, RateRow.at)
+        q = sa.select(*cols).order_by(RateRow.at, RateRow.id)
+        with self._engine.connect() as conn:
+            for ids in _chunks(job_ids):
+                for r in conn.execute(q.where(RateRow.job_id.in_(ids))):
+                    out.setdefault(r.job_id, []).append(
+                        RateRecord(r.id, r.job_id, r.gpus, Locality(r.locality), r.rate, r.at)
+                    )
+        return {jid: tuple(rs) for jid, rs in out.items()}
 
     def record_event(self, kind: str, job_id: str | None, detail: str, at: float) -> int:
         with self._write() as s:

@@ -8,11 +8,12 @@ import threading
 import time
 from pathlib import Path
 
+import sqlalchemy as sa
 from controller_fakes import FakeBackend, FakeProtocol, sjob
 
 from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.controller.service import Controller
-from slurm_gandiva.model import ClusterView, GpuRef, Placement, Topology
+from slurm_gandiva.model import ClusterView, GpuRef, Locality, Placement, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.store import SliceEnd, Store
 
@@ -104,6 +105,25 @@ def test_round_log_records_what_the_policy_saw_and_decided(tmp_path: Path) -> No
     log.unlink()
     log.mkdir()
     assert not ctl.tick().error
+
+
+def test_a_steady_round_reads_the_store_once_per_kind_of_record(tmp_path: Path) -> None:
+    """The store's statements in a round with nothing to do do not grow with the number of jobs."""
+
+    def statements(n: int) -> int:
+        d = tmp_path / str(n)
+        d.mkdir()
+        ctl, _backend, store = make(d, [old(str(i)) for i in range(1, n + 1)])
+        ctl.tick()  # registers them and starts 8 (two 4-GPU nodes)
+        ctl.store.record_rate("1", 1, Locality.NODE, 5.0, time.time())
+        assert ctl.tick().results == ()
+        seen: list[str] = []
+        sa.event.listen(store.engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+        rep = ctl.tick()
+        assert rep.results == () and not rep.findings and not rep.error
+        return len(seen)
+
+    assert statements(3) == statements(30)
 
 
 def test_time_slicing_rotates_and_keeps_history(tmp_path: Path) -> None:

@@ -166,6 +166,28 @@ class StoreCases:
         assert [e.job_id for e in store.events(kinds=["config"])] == [None]
         assert [e.kind for e in store.events(since=3.5)] == ["config"]
 
+    def test_batched_reads_match_the_per_job_ones(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr("slurm_gandiva.store.sql.IN_CHUNK", 2)  # several IN lists per read
+        for jid in ("1", "2", "3", "4", "5"):
+            store.upsert_job(spec(jid, user=f"u{jid}"), at=1.0, partition="gpu", state_dir=f"/s/{jid}")
+        store.set_job_state("2", JobState.RUNNING, at=2.0)
+        store.open_slice("1", P2, 10.0)
+        store.close_slice("1", 20.0, SliceEnd.QUANTUM)
+        store.open_slice("1", P1, 30.0)
+        store.open_slice("3", SHARED, 5.0)
+        store.open_slice("4", P1, 6.0)
+        store.close_slice("4", 7.0, SliceEnd.DONE)
+        store.record_rate("1", 2, Locality.SOCKET, 41.5, 20.0)
+        store.record_rate("1", 1, Locality.SWITCH, 22.0, 10.0)
+        store.record_rate("3", 1, Locality.NODE, 5.0, 10.0)
+        ids = ["1", "2", "3", "4", "5", "nope", "1"]
+        assert store.jobs_by_id(ids) == {j: r for j in ids if (r := store.get_job(j)) is not None}
+        assert store.open_slices(ids) == {j: s for j in ids if (s := store.current_slice(j)) is not None}
+        assert set(store.open_slices(ids)) == {"1", "3"}
+        assert store.rates_by_job(ids) == {j: store.rates(j) for j in ids if store.rates(j)}
+        assert store.slices(job_ids=["4", "3", "nope", "1"]) == store.slices()  # merged in start order
+        assert store.jobs_by_id([]) == store.open_slices([]) == store.rates_by_job([]) == {}
+
     def test_data_survives_reopen(self, store_url: str) -> None:
         with Store(store_url) as a:
             a.upsert_job(spec("1"), at=0.0)
