@@ -44,6 +44,7 @@ class ControllerConfig:
     metrics_port: int = 0  # 0: no metrics endpoint
     metrics_addr: str = "127.0.0.1"
     round_log: Path | None = None  # None: off; else each round's view and plan, a JSON line each
+    round_log_max_mb: float = 50.0  # the round log is renamed to <round_log>.1 before it grows past this
     source: str = "<defaults>"
 
     @property
@@ -132,6 +133,9 @@ _KEYS: dict[str, tuple[Callable[[str], object], str, str]] = {
     "metrics_port": (_port, "metrics_port", "metrics_port must be a port number 0-65535 (0 turns it off)"),
     "metrics_addr": (str, "metrics_addr", "metrics_addr must be an address to listen on"),
     "round_log": (Path, "round_log", "round_log must be a file path"),
+    "round_log_max_mb": (
+        _positive_seconds, "round_log_max_mb", "round_log_max_mb must be a positive number of megabytes",
+    ),
 }
 _ALIASES = {"database": "database_url", "db": "database_url", "topology": "topology_file"}
 

@@ -351,7 +351,7 @@ class Controller:
             plan = spare_finishing(self.policy.decide(view, view.now), view, obs.progress)
             plan = self._without_backoff(plan, view.now)
             if self.config.round_log is not None:
-                log_round(self.config.round_log, view, plan)
+                log_round(self.config.round_log, view, plan, int(self.config.round_log_max_mb * 1e6))
             bad = plan.apply(view).consistency_errors() if plan else []
             if bad and not errs:
                 msg = "; ".join(bad)
@@ -650,11 +650,21 @@ def round_record(view: ClusterView, plan: Plan) -> dict[str, Any]:
     return {"at": view.now, "jobs": jobs, "decisions": decisions}
 
 
-def log_round(path: Path, view: ClusterView, plan: Plan) -> None:
-    """Append the round's record to `path` (JSON lines); a failure is logged, never raised."""
+def log_round(path: Path, view: ClusterView, plan: Plan, max_bytes: int) -> None:
+    """Append the round's record to `path` (JSON lines). When it would take the file past `max_bytes`, the
+    file is first renamed to `<path>.1`, replacing the one before: the log keeps the latest rounds in at
+    most two files of `max_bytes` each (a single larger round is written whole). A failure is logged,
+    never raised."""
     try:
-        with path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(round_record(view, plan), sort_keys=True) + "\n")
+        line = (json.dumps(round_record(view, plan), sort_keys=True) + "\n").encode("utf-8")
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size and size + len(line) > max_bytes:
+            os.replace(path, path.with_name(path.name + ".1"))
+        with path.open("ab") as f:
+            f.write(line)
     except (OSError, ValueError) as exc:
         log.warning("cannot write the round log %s: %s", path, exc)
 

@@ -107,6 +107,19 @@ def test_round_log_records_what_the_policy_saw_and_decided(tmp_path: Path) -> No
     assert not ctl.tick().error
 
 
+def test_round_log_is_rotated_by_size(tmp_path: Path) -> None:
+    log = tmp_path / "rounds.jsonl"
+    ctl, _backend, _store = make(tmp_path, [old("1"), old("2")], conf=f"round_log = {log}\nround_log_max_mb = 0.002")
+    for _ in range(12):
+        ctl.tick()
+    rotated = log.with_name("rounds.jsonl.1")
+    lines = rotated.read_text().splitlines() + log.read_text().splitlines()
+    assert all(0 < p.stat().st_size <= 2000 for p in (log, rotated))
+    ats = [json.loads(line)["at"] for line in lines]
+    assert ats == sorted(ats) and 2 < len(ats) < 12  # the latest rounds, in order; the oldest dropped
+    assert ats[-1] == ctl.last_report.view.now  # type: ignore[union-attr]
+
+
 def test_a_steady_round_reads_the_store_once_per_kind_of_record(tmp_path: Path) -> None:
     """The store's statements in a round with nothing to do do not grow with the number of jobs."""
 
