@@ -62,7 +62,7 @@ echo "== pytest: unit and simulator tests"
 suite() {  # suite RELEASE PORT_BASE: the real-Slurm suite on that release's own cluster, CLI backend
   gandiva_slurm_use "$1"
   export GANDIVA_TEST_PORT_BASE=$2 GANDIVA_SLURM_BACKEND=cli
-  echo "== pytest: real-Slurm tests on Slurm $(gandiva_slurm_version "$1") ($(gandiva_slurm_prefix "$1"), ports from $2)"
+  echo "== pytest: real-Slurm tests on Slurm $(gandiva_slurm_version "$1") ($(gandiva_slurm_prefix "$1"), ports from $2), CLI backend"
   exec "${pytest_[@]}" -m slurm tests/ "${@:3}"
 }
 
