@@ -36,7 +36,7 @@ CPUS_PER_NODE = 8
 MEMORY_MB = 8000
 CTLD_PORT_OFFSET = 17
 SLURMD_PORT_OFFSET = 101
-SLURMD_RESTART_GRACE_S = 3.0
+SLURMD_RESTART_GRACE_S = 3.0  # a daemon re-executing itself has no live pid (file) for this long at most
 
 
 class DevClusterError(GandivaError):
@@ -419,6 +419,13 @@ class DevCluster:
         if self._pid(daemon) is not None:
             return
         log = self._log(daemon)
+        # A daemon of ours that re-executes itself (after `scontrol reconfigure`: 24.11 on) keeps its port while
+        # its pid file names the old pid for a moment: wait for it before calling the port someone else's.
+        grace = self._clock() + SLURMD_RESTART_GRACE_S
+        while not _port_free(port) and self._clock() < grace:
+            if self._pid(daemon) is not None:
+                return
+            self._sleep(0.1)
         if not _port_free(port):
             raise DevClusterError(
                 f"cannot start {daemon}: port {port} is taken by another process; "
