@@ -37,6 +37,7 @@ from job_wrapper.progress import Counters, ProgressReporter, append_event
 from slurm_gandiva.requeue.contract import (
     PROGRESS_INTERVAL_ENV,
     SIGNAL_ENV,
+    STATE_DIR_ENV,
     ExitCode,
     StateDirError,
     ensure_state_dir,
@@ -60,6 +61,24 @@ class Stateful(Protocol):
 def rank_and_world_size() -> tuple[int, int]:
     """(RANK, WORLD_SIZE) from the environment the wrapper (or torchrun) sets; (0, 1) when unset."""
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+LOCAL_STATE_DIR = "gandiva-state"  # a script run by hand, outside Slurm and the wrapper, checkpoints here
+
+
+def _local_state_dir() -> Path:
+    """Where a script run without the wrapper keeps its checkpoints: ./gandiva-state outside Slurm (said on
+    stderr once, so that a second run resuming from it is no surprise). Inside a Slurm job the wrapper always
+    names the directory: without one, the job ends with one line instead of writing into its working directory."""
+    if os.environ.get("SLURM_JOB_ID"):
+        print(f"gandiva: no state directory: submit with `gandiva sbatch` or set {STATE_DIR_ENV}", file=sys.stderr,
+              flush=True)
+        raise SystemExit(int(ExitCode.FAILED))
+    local = Path.cwd() / LOCAL_STATE_DIR
+    if rank_and_world_size()[0] == 0:
+        print(f"gandiva: not under gandiva-wrapper: plain training, checkpoints in {local} "
+              f"(a second run resumes from them; delete it to start over)", file=sys.stderr, flush=True)
+    return local
 
 
 def init_distributed(backend: str = "gloo") -> tuple[int, int]:
@@ -143,7 +162,7 @@ class Session:
         fast_exit: bool | None = None,
     ) -> None:
         self.rank, self.world_size = rank_and_world_size()
-        self.files = job_files(state_dir)
+        self.files = job_files(state_dir or os.environ.get(STATE_DIR_ENV) or _local_state_dir())
         try:
             if not self.files.root.parent.exists():  # outside the wrapper (which makes it): a new tree
                 self.files.root.parent.mkdir(parents=True, exist_ok=True)

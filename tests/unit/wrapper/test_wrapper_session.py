@@ -135,10 +135,38 @@ def test_periodic_checkpoints_and_max_steps(tmp_path: Path) -> None:
     assert read_progress(JobFiles(tmp_path).progress).total_samples == 11 * BATCH  # type: ignore[union-attr]
 
 
-def test_session_requires_a_state_dir() -> None:
+def test_a_script_run_by_hand_trains_with_checkpoints_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Outside Slurm and the wrapper: plain training, checkpoints in ./gandiva-state (said once), and a
+    second run resumes from them, as under the wrapper (issue 16, item 5: no traceback)."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.chdir(tmp_path)
     model, opt, _ = make()
-    with pytest.raises(ValueError, match="GANDIVA_STATE_DIR"):
+    job = Session(model, opt, progress_interval=60, install_signal_handler=False)
+    assert job.files.root == tmp_path / "gandiva-state"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "plain training" in err and str(tmp_path / "gandiva-state") in err
+    job.save_checkpoint()
+    model2, opt2, _ = make()
+    again = Session(model2, opt2, progress_interval=60, install_signal_handler=False)
+    assert again.resumed_from is not None and again.files.root == job.files.root
+
+
+def test_a_slurm_job_without_a_state_dir_ends_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Inside a Slurm job the wrapper names the directory: without one, one line and the failed exit code,
+    never checkpoints written into the job's working directory."""
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.chdir(tmp_path)
+    model, opt, _ = make()
+    with pytest.raises(SystemExit) as exc:
         Session(model, opt)
+    assert exc.value.code == int(ExitCode.FAILED)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "GANDIVA_STATE_DIR" in err and "gandiva sbatch" in err
+    assert not (tmp_path / "gandiva-state").exists()
 
 
 @settings(max_examples=60, deadline=None)
