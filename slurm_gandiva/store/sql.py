@@ -593,11 +593,7 @@ class Store:
             return _slice(row, _job_user(s, job_id))
 
     def current_slice(self, job_id: str) -> SliceRecord | None:
-        with self._read() as s:
-            row = self._open_row(s, job_id)
-            if row is None:
-                return None
-            return _slice(row, _job_user(s, job_id))
+        return self.open_slices([job_id]).get(job_id)
 
     def open_slices(self, job_ids: Iterable[str]) -> dict[str, SliceRecord]:
         out: dict[str, SliceRecord] = {}
@@ -720,9 +716,7 @@ class Store:
             return _insert(s, RateRow(job_id=job_id, gpus=gpus, locality=int(locality), rate=rate, at=at))
 
     def rates(self, job_id: str) -> tuple[RateRecord, ...]:
-        q = sa.select(RateRow).where(RateRow.job_id == job_id).order_by(RateRow.at, RateRow.id)
-        with self._read() as s:
-            return tuple(RateRecord(r.id, r.job_id, r.gpus, Locality(r.locality), r.rate, r.at) for r in s.scalars(q))
+        return self.rates_by_job([job_id]).get(job_id, ())
 
     def rates_by_job(self, job_ids: Iterable[str]) -> dict[str, tuple[RateRecord, ...]]:
         out: dict[str, list[RateRecord]] = {}
