@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from job_wrapper import checkpoint as ckpt
 from job_wrapper.launcher import FAST_EXIT_ENV
@@ -44,6 +44,9 @@ from slurm_gandiva.requeue.contract import (
     job_files,
     signal_from_name,
 )
+
+if TYPE_CHECKING:
+    from job_wrapper.data import ResumableSampler
 
 FORMAT = 1
 PAUSE_ENV = "GANDIVA_TEST_CHECKPOINT_PAUSE"  # test hook: seconds to stall half-way through a checkpoint write
@@ -110,6 +113,13 @@ def _unwrap(model: Any) -> Any:
     return getattr(model, "module", model)  # DDP / DataParallel keep the real model in .module
 
 
+def _tensors(dataset: Any) -> bool:
+    """Whether `dataset` is a tuple/list of tensors (indexed together, sample i = the i-th row of each)."""
+    import torch
+
+    return isinstance(dataset, (tuple, list)) and bool(dataset) and all(isinstance(t, torch.Tensor) for t in dataset)
+
+
 def _fetcher(dataset: Any) -> Callable[[Sequence[int]], Any]:
     """How to fetch samples by index from a tensor, a tuple/list of tensors, or a map-style dataset."""
     import torch
@@ -119,7 +129,7 @@ def _fetcher(dataset: Any) -> Callable[[Sequence[int]], Any]:
 
     if isinstance(dataset, torch.Tensor):
         return lambda idx: dataset[index(idx)]
-    if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
+    if _tensors(dataset):
         kind = type(dataset)
         return lambda idx: kind(t[ix] for ix in (index(idx),) for t in dataset)
     from torch.utils.data import default_collate
@@ -127,10 +137,15 @@ def _fetcher(dataset: Any) -> Callable[[Sequence[int]], Any]:
     return lambda idx: default_collate([dataset[i] for i in idx])
 
 
-def _len(dataset: Any) -> int:
-    import torch
+def _stop_workers(batches: Any) -> None:
+    """End a DataLoader iterator's worker processes (its own clean-up, which otherwise runs when collected)."""
+    shutdown = getattr(batches, "_shutdown_workers", None)  # absent without workers
+    if shutdown is not None:
+        shutdown()
 
-    if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
+
+def _len(dataset: Any) -> int:
+    if _tensors(dataset):
         return len(dataset[0])
     return len(dataset)
 
@@ -185,15 +200,17 @@ class Session:
                 raise ValueError(f"extra state name {name!r} is reserved: use another name")
             self._objects[name] = obj
         self._clock = clock
-        # Counters, restored from the checkpoint. position = samples consumed in the current epoch.
+        # Counters, restored from the checkpoint. position = global samples consumed in the current epoch.
         self.global_step = 0
         self.epoch = 0
         self.samples_done = 0
         self.resumed_from: Path | None = None
-        self._position = 0
+        self.position = 0
         self._epoch_len = _NEVER
-        self._pending = 0  # samples in the mini-batch that batches() last yielded
+        self._pending = 0  # samples in the mini-batch that batches() / loader() last yielded
         self._in_batches = False
+        self._sampler: ResumableSampler | None = None  # bound by sampler(): step() advances by its batches
+        self._on_close: list[Callable[[], None]] = []
         self._total_samples: int | None = None
         self._checkpoint_every = checkpoint_every or 0
         self._next_periodic = checkpoint_every or _NEVER
@@ -267,9 +284,30 @@ class Session:
         so every sample is seen exactly once per epoch even when the world size changes between runs.
         If the loop body does not call step(), the iterator calls it after the body.
         """
+        n = self._bind_data(_len(dataset), batch_size, epochs, max_steps, drop_last)
+        epoch_len = self._epoch_len
+        fetch = _fetcher(dataset)
+        self._in_batches = True
+        if self._signalled:
+            self._signal_boundary()  # a signal before the first mini-batch
+        while self.epoch < epochs and (max_steps is None or self.global_step < max_steps):
+            epoch = self.epoch
+            order = epoch_order(n, self.seed, epoch) if shuffle else list(range(n))
+            while self.epoch == epoch and (max_steps is None or self.global_step < max_steps):
+                start = self.position
+                gb = order[start : min(start + batch_size, epoch_len)]
+                self._pending = len(gb)
+                step_before = self.global_step
+                yield fetch(gb if self.world_size == 1 else shard(gb, self.rank, self.world_size))
+                if self.global_step == step_before:
+                    self.step()
+        self._in_batches = False
+        self._finish()
+
+    def _bind_data(self, n: int, batch_size: int, epochs: int | None, max_steps: int | None, drop_last: bool) -> int:
+        """Check the dataset against the checkpoint and set the epoch length and the total for progress."""
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        n = _len(dataset)
         if self._saved_dataset_size is not None and n != self._saved_dataset_size:
             self._fail(
                 f"the dataset has {n} samples but {self.resumed_from} was taken over {self._saved_dataset_size}: "
@@ -281,50 +319,143 @@ class Session:
         if epoch_len == 0:
             raise ValueError(f"dataset of {n} samples gives no batch of {batch_size}")
         self._epoch_len = epoch_len
-        total = epochs * epoch_len
+        total = epochs * epoch_len if epochs is not None else None
         if max_steps is not None:
             steps_per_epoch = -(-epoch_len // batch_size)
             full, rest = divmod(max_steps, steps_per_epoch)
-            total = min(total, full * epoch_len + min(rest * batch_size, epoch_len))
+            by_steps = full * epoch_len + min(rest * batch_size, epoch_len)
+            total = by_steps if total is None else min(total, by_steps)
         self._total_samples = total
-        fetch = _fetcher(dataset)
+        return n
+
+    def sampler(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        epochs: int | None = None,
+        max_steps: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+    ) -> ResumableSampler:
+        """A batch sampler for your own `DataLoader(dataset, batch_sampler=job.sampler(dataset, 64))`.
+
+        It yields this rank's share of each global mini-batch of `batch_size` samples, in batches()'s order,
+        from the position of the checkpoint resumed. Each step() marks one of its batches consumed (the
+        position in the checkpoint counts them, never what the workers prefetched), so call step() once per
+        batch; `for epoch in range(job.epoch, epochs): for batch in loader: ...` then resumes mid-epoch.
+        `dataset` may be its size. `epochs`/`max_steps` only tell the progress report the total work.
+        For bit-for-bit resumes give the DataLoader `generator=torch.Generator()` (without one it draws its
+        workers' seed from torch's global RNG at every epoch's start, and a resumed run draws once more),
+        and wrap a dataset with random transforms in `SeededDataset`; loader() does both.
+        """
+        from job_wrapper.data import ResumableSampler
+
+        n = dataset if isinstance(dataset, int) else _len(dataset)
+        self._bind_data(n, batch_size, epochs, max_steps, drop_last)
+        self._sampler = ResumableSampler(n, batch_size, seed=self.seed, rank=self.rank, world_size=self.world_size,
+                                         shuffle=shuffle, drop_last=drop_last, cursor=self)
+        return self._sampler
+
+    def loader(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        epochs: int = 1,
+        max_steps: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        worker_init_fn: Callable[[int], None] | None = None,
+        **dataloader_args: Any,
+    ) -> Iterator[Any]:
+        """batches() through a `torch.utils.data.DataLoader`: worker processes, pinned memory, prefetching.
+
+        The same global mini-batches in the same order as batches() (the same parameters, for a dataset
+        without randomness), from the resumed position on, over `epochs` (or `max_steps`); step() after the
+        body as in batches(). In the workers, the RNGs are seeded per batch (`data.SeededDataset`), so random
+        transforms are reproducible across a suspend too. Other keyword arguments go to the DataLoader.
+        """
+        import torch
+        from torch.utils.data import DataLoader
+
+        from job_wrapper.data import IgnoreSignalInWorkers, SeededDataset, TensorsDataset
+
+        tensors = isinstance(dataset, torch.Tensor) or _tensors(dataset)
+        sampler = self.sampler(dataset, batch_size, epochs=epochs, max_steps=max_steps, shuffle=shuffle,
+                               drop_last=drop_last)
+        extra = dict(dataloader_args)
+        if num_workers > 0:
+            extra["persistent_workers"] = persistent_workers
+            if prefetch_factor is not None:
+                extra["prefetch_factor"] = prefetch_factor
+        data = DataLoader(
+            SeededDataset(TensorsDataset(dataset) if tensors else dataset),
+            batch_sampler=sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            worker_init_fn=IgnoreSignalInWorkers(self.signal, worker_init_fn),
+            # The workers' base seed is drawn from this generator: from the process's torch RNG otherwise,
+            # which would then differ after a resume (one more draw at the resumed epoch's start).
+            generator=torch.Generator().manual_seed(self.seed),
+            **extra,
+        )
+        return self._iterate(data, epochs, max_steps)
+
+    def _iterate(self, data: Any, epochs: int, max_steps: int | None) -> Iterator[Any]:
+        sampler = self._sampler
+        assert sampler is not None
+        batches: Iterator[Any] | None = None
+        # Suspended, failed or done: end the workers now, not when the iterator is collected (a fast exit
+        # skips that, leaving them to notice a dead parent seconds later).
+        self._on_close.append(lambda: _stop_workers(batches))
         self._in_batches = True
         if self._signalled:
-            self._signal_boundary()  # a signal before the first mini-batch
+            self._signal_boundary()
         while self.epoch < epochs and (max_steps is None or self.global_step < max_steps):
-            epoch = self.epoch
-            order = epoch_order(n, self.seed, epoch) if shuffle else list(range(n))
-            while self.epoch == epoch and (max_steps is None or self.global_step < max_steps):
-                start = self._position
-                gb = order[start : min(start + batch_size, epoch_len)]
-                self._pending = len(gb)
+            batches = iter(data)  # starts at the consumed position; the workers then run ahead of it
+            for batch in batches:
+                self._pending = sampler.next_batch_samples()
                 step_before = self.global_step
-                yield fetch(gb if self.world_size == 1 else shard(gb, self.rank, self.world_size))
+                yield batch
                 if self.global_step == step_before:
                     self.step()
+                if max_steps is not None and self.global_step >= max_steps:
+                    break
         self._in_batches = False
         self._finish()
 
     def step(self, samples: int | None = None) -> None:
         """Mark a mini-batch boundary; suspends (checkpoint + exit) here when the signal has come.
 
-        `samples`: for loops that do not use batches(), the samples this mini-batch consumed over all ranks.
-        Inside batches() it is ignored: the position always advances by the global batch it yielded (a
-        rank's own len(batch) would break exactly-once on several ranks).
+        `samples`: for loops that use neither batches()/loader() nor sampler(), the samples this mini-batch
+        consumed over all ranks. Otherwise it is ignored: the position always advances by the global batch
+        consumed (a rank's own len(batch) would break exactly-once on several ranks).
         """
-        n = self._pending if samples is None or self._in_batches else samples
+        if self._in_batches:
+            n = self._pending
+        elif self._sampler is not None:
+            n = self._sampler.next_batch_samples()
+        else:
+            n = self._pending if samples is None else samples
         self.global_step += 1
         self.samples_done += n
-        self._position += n
-        if self._position >= self._epoch_len or self.global_step >= self._next_periodic:
+        self.position += n
+        if self.position >= self._epoch_len or self.global_step >= self._next_periodic:
             self._roll()
         if self._signalled:
             self._signal_boundary()
 
     def _roll(self) -> None:
-        if self._position >= self._epoch_len:
+        if self.position >= self._epoch_len:
             self.epoch += 1
-            self._position = 0
+            self.position = 0
         if self.global_step >= self._next_periodic:
             self._next_periodic = self.global_step + self._checkpoint_every
             self.save_checkpoint(reason="periodic")
@@ -395,7 +526,7 @@ class Session:
             "format": FORMAT,
             "step": self.global_step,
             "epoch": self.epoch,
-            "position": self._position,
+            "position": self.position,
             "samples": self.samples_done,
             "seed": self.seed,
             "world_size": self.world_size,
@@ -443,6 +574,12 @@ class Session:
             os._exit(int(ExitCode.SUSPENDED))
         raise SystemExit(int(ExitCode.SUSPENDED))
 
+    def finish(self) -> None:
+        """Training is done (for loops of your own; batches() and loader() call it at their end): the final
+        progress report says done and the signal is ignored from now on."""
+        if not self._closed:
+            self._finish()
+
     def _finish(self) -> None:
         if self.rank == 0:
             append_event(self.files.events, "training_done", step=self.global_step, samples=self.samples_done)
@@ -460,6 +597,8 @@ class Session:
             return
         self._closed = True
         self._stop_listening()
+        for hook in self._on_close:
+            hook()
         if getattr(self, "_progress", None) is not None:
             assert self._progress is not None
             self._progress.stop(state)
@@ -508,7 +647,7 @@ class Session:
         self._saved_dataset_size = int(size) if isinstance(size, int) and not isinstance(size, bool) else None
         self.global_step = int(st["step"])
         self.epoch = int(st["epoch"])
-        self._position = int(st["position"])
+        self.position = int(st["position"])
         self.samples_done = int(st["samples"])
         self.seed = int(st["seed"])
         rngs = st["rng"]
@@ -521,7 +660,7 @@ class Session:
         self.resumed_from = loaded.path
         if self.rank == 0:
             append_event(self.files.events, "resumed", path=str(loaded.path), step=self.global_step,
-                         epoch=self.epoch, position=self._position, world_size=self.world_size,
+                         epoch=self.epoch, position=self.position, world_size=self.world_size,
                          saved_world_size=int(st["world_size"]))
 
     def _seed_rngs(self, salt: int = 0) -> None:
