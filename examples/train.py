@@ -2,7 +2,8 @@
 
 Run it through the wrapper:  gandiva-wrapper --state-dir D --nprocs 2 -- python examples/train.py --epochs 2
 At the end rank 0 prints `final_params_sha256=<hex>`: the same for an uninterrupted run and for one that was
-suspended and resumed any number of times with the same number of processes.
+suspended and resumed any number of times with the same number of processes, and the same with
+`--loader-workers N` (a DataLoader with N worker processes) as without.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sample-log", default=None, help="append the sample ids each rank consumes (JSON lines)")
     ap.add_argument("--checkpoint-every", type=int, default=None, help="also checkpoint every N steps")
+    ap.add_argument(
+        "--loader-workers",
+        type=int,
+        default=None,
+        help="train through job.loader() (a DataLoader with N worker processes) instead of job.batches()",
+    )
     args = ap.parse_args(argv)
 
     torch.use_deterministic_algorithms(True)
@@ -72,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     log = open(args.sample_log, "a") if args.sample_log else None  # noqa: SIM115
 
     job = job_wrapper.Session(model, opt, scheduler=sched, seed=args.seed, checkpoint_every=args.checkpoint_every)
-    for x, y, ids in job.batches(data, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.steps):
+    if args.loader_workers is None:
+        batches = job.batches(data, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.steps)
+    else:  # the same batches in the same order, fetched by worker processes
+        batches = job.loader(data, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.steps,
+                             num_workers=args.loader_workers, persistent_workers=args.loader_workers > 0)
+    for x, y, ids in batches:
         x = x + torch.from_numpy(np.random.standard_normal(x.shape).astype(np.float32)) * 0.01  # numpy RNG
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
