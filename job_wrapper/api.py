@@ -389,6 +389,10 @@ class Session:
         tensors = isinstance(dataset, torch.Tensor) or _tensors(dataset)
         sampler = self.sampler(dataset, batch_size, epochs=epochs, max_steps=max_steps, shuffle=shuffle,
                                drop_last=drop_last)
+        last = sampler.epoch_len % batch_size
+        if collate_fn is None and 0 < last < self.world_size:
+            raise ValueError(f"the epoch's last global batch has {last} samples for {self.world_size} ranks: "
+                             "some rank would get none, which the default collate cannot batch; pass drop_last=True")
         extra = dict(dataloader_args)
         if num_workers > 0:
             extra["persistent_workers"] = persistent_workers
