@@ -1,7 +1,7 @@
 """Your own DataLoader under the wrapper: a resumable, deterministic distributed batch sampler.
 
 `ResumableSampler` is a batch sampler for `torch.utils.data.DataLoader(dataset, batch_sampler=...)`. It
-yields this rank's share of each global mini-batch of the epoch, in the order `job_wrapper.batches()` uses
+yields this rank's share of each global mini-batch of the epoch, in the order `Session.batches()` uses
 (`epoch_order`, `shard`), starting at a position counted in global samples. The position is advanced by
 whoever consumes the batches (`Session.step()`, or `advance()` when used alone), never by iterating: a
 DataLoader's workers prefetch batches ahead of the training loop, and a prefetched batch is not consumed.
@@ -147,11 +147,11 @@ class ResumableSampler(Sampler[SampleBatch]):
 
 
 def seed_all(seed: int) -> None:
-    """Seed python's, torch's and (when imported) numpy's global RNGs."""
+    """Seed python's, torch's CPU and (when imported) numpy's global RNGs."""
     import torch
 
     random.seed(seed)
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)  # torch.manual_seed also seeds every accelerator: 0.5 ms, CPU-only
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed(seed % (1 << 32))

@@ -257,3 +257,22 @@ def test_a_last_batch_too_small_for_the_ranks_is_refused_before_any_worker_start
         job.loader(TENSORS, batch_size=BATCH, num_workers=2)
     assert job.loader(TENSORS, batch_size=BATCH, drop_last=True) is not None
     job.finish()
+
+
+class Draws(Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.randint(0, 1 << 30, ())
+
+
+def test_each_batch_draws_from_its_own_seed_whatever_the_worker() -> None:
+    def draws(workers: int, start: int) -> list[list[int]]:
+        sampler = ResumableSampler(16, 4, seed=2)
+        sampler.cursor.position = start
+        return [t.tolist() for t in DataLoader(SeededDataset(Draws()), batch_sampler=sampler, num_workers=workers)]
+
+    two = draws(2, 0)
+    assert len({x for b in two for x in b}) == 16  # no two batches share a stream
+    assert draws(1, 0) == two and draws(2, 8) == two[2:]  # another worker, or a resume at sample 8
