@@ -201,6 +201,16 @@ class TensorsDataset(Dataset[Any]):
             return self.tensors[0][index]
         return self.kind(t[index] for t in self.tensors)
 
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples of a batch, gathered with one index per tensor (not one per sample); the same values."""
+        import torch
+
+        ix = torch.as_tensor(indices, dtype=torch.long)
+        rows = [t[ix].unbind(0) for t in self.tensors]
+        if self.single:
+            return list(rows[0])
+        return [self.kind(sample) for sample in zip(*rows, strict=True)]
+
 
 class IgnoreSignalInWorkers:
     """A DataLoader `worker_init_fn`: the worker ignores the suspend signal (the training process acts on
