@@ -384,11 +384,14 @@ class Session:
         import torch
         from torch.utils.data import DataLoader
 
-        from job_wrapper.data import IgnoreSignalInWorkers, SeededDataset, TensorsDataset
+        from job_wrapper.data import GatheredTensors, IgnoreSignalInWorkers, SeededDataset, TensorsDataset, only
 
-        tensors = isinstance(dataset, torch.Tensor) or _tensors(dataset)
         sampler = self.sampler(dataset, batch_size, epochs=epochs, max_steps=max_steps, shuffle=shuffle,
                                drop_last=drop_last)
+        if isinstance(dataset, torch.Tensor) or _tensors(dataset):
+            # Without a collate_fn, each batch is fetched as batches() fetches it (and comes out alike).
+            dataset = TensorsDataset(dataset) if collate_fn is not None else GatheredTensors(dataset)
+            collate_fn = collate_fn or only
         last = sampler.epoch_len % batch_size
         if collate_fn is None and 0 < last < self.world_size:
             raise ValueError(f"the epoch's last global batch has {last} samples for {self.world_size} ranks: "
@@ -399,7 +402,7 @@ class Session:
             if prefetch_factor is not None:
                 extra["prefetch_factor"] = prefetch_factor
         data = DataLoader(
-            SeededDataset(TensorsDataset(dataset) if tensors else dataset),
+            SeededDataset(dataset),
             batch_sampler=sampler,
             num_workers=num_workers,
             collate_fn=collate_fn,

@@ -184,7 +184,7 @@ class SeededDataset(Dataset[Any]):
 
 class TensorsDataset(Dataset[Any]):
     """A tensor, or a tuple/list of tensors of equal length, as a map-style dataset: sample i is `t[i]`
-    (or the tuple/list of them), so the default collate gives what `Session.batches()` gives."""
+    (or the tuple/list of them)."""
 
     def __init__(self, data: Any) -> None:
         import torch
@@ -201,15 +201,21 @@ class TensorsDataset(Dataset[Any]):
             return self.tensors[0][index]
         return self.kind(t[index] for t in self.tensors)
 
+
+class GatheredTensors(TensorsDataset):
+    """Tensors whose batches are fetched as `Session.batches()` fetches them, one index per tensor instead of
+    one per sample: the DataLoader gets the batch whole, as a list of one, which `collate_fn=only` unwraps."""
+
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """The samples of a batch, gathered with one index per tensor (not one per sample); the same values."""
         import torch
 
         ix = torch.as_tensor(indices, dtype=torch.long)
-        rows = [t[ix].unbind(0) for t in self.tensors]
-        if self.single:
-            return list(rows[0])
-        return [self.kind(sample) for sample in zip(*rows, strict=True)]
+        return [self.tensors[0][ix] if self.single else self.kind(t[ix] for t in self.tensors)]
+
+
+def only(batch: list[Any]) -> Any:
+    """The collate_fn of a batch fetched whole (`GatheredTensors`)."""
+    return batch[0]
 
 
 class IgnoreSignalInWorkers:
