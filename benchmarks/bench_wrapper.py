@@ -6,6 +6,11 @@ Table 1: ns per loop iteration (CPU time of the loop's thread, so a loaded machi
 bare Python loop as the baseline side by side (overhead = difference).
 Table 2: gandiva checkpoint save (torch.save + sha256 + write + fsync + rename + keep previous) and load
 (read + verify + torch.load) against a plain torch.save / torch.load of the same state (no fsync).
+Table 3: training throughput through a DataLoader with worker processes: `Session.loader()`, and a DataLoader
+of one's own over `Session.sampler()`, against the same loop over a bare DataLoader (no wrapper), run
+interleaved in one process (samples/s of wall time, best and median of --loader-repeat runs; ratio = wrapper
+/ bare, the target is >= 0.98), and the training process's CPU time per batch.
+`--out FILE` also writes everything printed to FILE, under a header naming the command, commit and machine.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import signal
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def per_iter_ns(fn: Callable[[int], None], iters: int, repeat: int) -> float:
@@ -75,9 +82,29 @@ def bench_loop(iters: int, repeat: int) -> list[tuple[str, float]]:
         for _b in j.batches(data, batch_size=bs, epochs=epochs):
             pass
 
+    # The DataLoader path in the training process (no workers, so that all its work is on this thread): a bare
+    # DataLoader against job.loader() (the sampler, its seeds, the generator around it, step()).
+    from torch.utils.data import DataLoader
+
+    ids: Any = data[1]
+
+    def bare_loader(_: int) -> None:
+        loader: Any = DataLoader(ids, batch_size=bs, shuffle=True, generator=torch.Generator())
+        for _e in range(epochs):
+            for _b in loader:
+                pass
+
+    def gandiva_loader(_: int) -> None:
+        j = Session(torch.nn.Linear(2, 2), state_dir=tmp / "ld", progress_interval=3600,
+                    install_signal_handler=False)
+        for _b in j.loader(ids, batch_size=bs, epochs=epochs):
+            pass
+
     nb = epochs * (4096 // bs)
     rows.append(("per batch: manual randperm + index (baseline)", per_iter_ns(manual, 1, repeat) / nb))
     rows.append(("per batch: job.batches() + implicit step()", per_iter_ns(gandiva, 1, repeat) / nb))
+    rows.append(("per batch: bare DataLoader, no workers (baseline)", per_iter_ns(bare_loader, 1, repeat) / nb))
+    rows.append(("per batch: job.loader() + implicit step()", per_iter_ns(gandiva_loader, 1, repeat) / nb))
     signal.signal(job.signal, signal.SIG_DFL)
     shutil.rmtree(tmp, ignore_errors=True)
     return rows
@@ -147,14 +174,124 @@ def bench_suspend(nprocs: int) -> tuple[float, float, float]:
         return t_ckpt - t0, float(ev["checkpoint"]["seconds"]), t_exit - t0
 
 
+class SynthImages:
+    """A map-style dataset whose samples cost CPU to produce (a matrix product per sample, standing for decoding
+    and augmentation), so that the workers have real work to overlap with training."""
+
+    def __init__(self, n: int, dim: int) -> None:
+        import torch
+
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, dim, generator=gen)
+        self.y = torch.randint(0, 10, (n,), generator=gen)
+        self.w = torch.randn(dim, dim, generator=gen) / dim**0.5
+        self.tanh = torch.tanh
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        return self.tanh(self.x[i] @ self.w), self.y[i]
+
+
+def bench_dataloader(repeat: int, workers: int, samples: int, epochs: int, batch: int) -> list[LoaderRow]:
+    """The bare loop and the wrapper's, run side by side in one process, a batch of each in turn (in rotating
+    order), `repeat` times: a disturbance on this shared machine hits them alike. Each loop's time is the sum of
+    its own turns (waiting for its batch, training on it, its step()); its first batch, which waits for its
+    workers to start, is left out."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from job_wrapper import SeededDataset, Session
+
+    torch.set_num_threads(1)  # the training process gets one core; the workers the others
+    dim = 256
+    data: Any = SynthImages(samples, dim)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-loader-"))
+
+    def model(run: str) -> tuple[Callable[[Any], None], Session]:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(dim, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                  torch.nn.ReLU(), torch.nn.Linear(512, 10))
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+
+        def train(xy: Any) -> None:
+            loss = torch.nn.functional.cross_entropy(net(xy[0]), xy[1])
+            opt.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+
+        return train, Session(net, opt, state_dir=tmp / run, install_signal_handler=False)
+
+    def bare(run: str) -> tuple[Iterator[Any], Callable[[Any], None], Callable[[], None]]:
+        train, job = model(run)
+        job.finish()  # the same model and optimizer, no wrapper in the loop
+        loader: Any = DataLoader(data, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True,
+                                 generator=torch.Generator())
+        return (b for _ in range(epochs) for b in loader), train, lambda: None
+
+    def wrapped(run: str) -> tuple[Iterator[Any], Callable[[Any], None], Callable[[], None]]:
+        train, job = model(run)
+        return job.loader(data, batch_size=batch, epochs=epochs, num_workers=workers, persistent_workers=True), \
+            train, job.step
+
+    def own(run: str) -> tuple[Iterator[Any], Callable[[Any], None], Callable[[], None]]:
+        train, job = model(run)
+        loader: Any = DataLoader(SeededDataset(data), batch_sampler=job.sampler(data, batch, epochs=epochs),
+                                 num_workers=workers, persistent_workers=True, generator=torch.Generator())
+        return (b for _ in range(job.epoch, epochs) for b in loader), train, job.step
+
+    variants = [(f"bare DataLoader, {workers} workers (baseline)", bare),
+                (f"job.loader(num_workers={workers})", wrapped),
+                ("own DataLoader(SeededDataset) over job.sampler()", own)]
+    k = len(variants)
+    batches = epochs * -(-samples // batch)
+    rates: list[list[float]] = [[] for _ in variants]
+    cpu: list[list[float]] = [[] for _ in variants]
+    for run in range(repeat):
+        loops = [make(f"{run}-{i}") for i, (_, make) in enumerate(variants)]
+        wall, cpu_s = [0.0] * k, [0.0] * k
+        for b in range(batches):
+            for j in range(k):
+                i = (b + j) % k
+                it, train, step = loops[i]
+                t0, c0 = time.perf_counter(), time.thread_time()
+                train(next(it))
+                step()
+                if b > 0:
+                    wall[i] += time.perf_counter() - t0
+                    cpu_s[i] += time.thread_time() - c0
+        for i in range(k):
+            rates[i].append((batches - 1) * batch / wall[i])
+            cpu[i].append(cpu_s[i] / (batches - 1) * 1e6)
+        del loops  # the DataLoaders and their workers
+    shutil.rmtree(tmp, ignore_errors=True)
+    return [LoaderRow(name, rates[i], [r / b for r, b in zip(rates[i], rates[0], strict=True)], min(cpu[i]))
+            for i, (name, _) in enumerate(variants)]
+
+
+@dataclass(frozen=True)
+class LoaderRow:
+    name: str
+    rates: list[float]  # samples/s of each run
+    ratios: list[float]  # against the bare loop's in the same run
+    cpu_us: float  # the training thread's CPU time per batch, least of the runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=2_000_000)
     ap.add_argument("--sizes-mb", default="1,8,64")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-suspend", action="store_true", help="skip the signal -> exit runs (real processes)")
+    ap.add_argument("--loader-repeat", type=int, default=5, help="runs of the DataLoader loops (0: no table 3)")
+    ap.add_argument("--loader-workers", type=int, default=2)
+    ap.add_argument("--loader-samples", type=int, default=4096, help="dataset size (2 epochs of batches of 64)")
+    ap.add_argument("--out", type=Path, help="also write the output to this file, with a header")
     args = ap.parse_args()
     os.environ.pop("GANDIVA_TEST_CHECKPOINT_PAUSE", None)
+    if args.out is not None:
+        _tee(args.out)
 
     rows = bench_loop(args.iters, args.repeat)
     base = rows[0][1]
@@ -162,9 +299,9 @@ def main() -> None:
     print(f"{'loop':<48} {'ns/iter':>10} {'overhead ns':>12} {'x bare loop':>12}")
     for name, ns in rows[:3]:
         print(f"{name:<48} {ns:>10.1f} {ns - base:>12.1f} {ns / base:>12.2f}")
-    (mname, mns), (gname, gns) = rows[3], rows[4]
-    print(f"{mname:<48} {mns:>10.1f} {'':>12} {1.0:>12.2f}")
-    print(f"{gname:<48} {gns:>10.1f} {gns - mns:>12.1f} {gns / mns:>12.2f}")
+    for (mname, mns), (gname, gns) in ((rows[3], rows[4]), (rows[5], rows[6])):
+        print(f"{mname:<48} {mns:>10.1f} {'':>12} {1.0:>12.2f}")
+        print(f"{gname:<48} {gns:>10.1f} {gns - mns:>12.1f} {gns / mns:>12.2f}")
 
     sizes = [float(s) for s in args.sizes_mb.split(",") if s]
     print(f"\nCheckpoint wall time vs size (median of {args.repeat}; baseline: torch.save/torch.load, no fsync)")
@@ -179,6 +316,53 @@ def main() -> None:
         for n in (1, 2):
             c, w, e = bench_suspend(n)
             print(f"{n:>9} {c:>19.3f} {w:>15.3f} {e:>15.3f}")
+
+    if args.loader_repeat > 0:
+        batch, epochs = 64, 2
+        runs = bench_dataloader(args.loader_repeat, args.loader_workers, args.loader_samples, epochs, batch)
+        print(f"\nDataLoader with {args.loader_workers} workers: {args.loader_samples} samples x {epochs} epochs, "
+              f"batches of {batch}, a 256-512-512-10 MLP on one thread; the loops side by side, a batch of each "
+              f"in turn; {args.loader_repeat} runs")
+        print(f"{'loop':<48} {'best samples/s':>15} {'ratio':>6} {'median ratio':>13} {'train CPU us/batch':>19}")
+        best0 = max(runs[0].rates)
+        for row in runs:
+            best = max(row.rates)
+            print(f"{row.name:<48} {best:>15.0f} {best / best0:>6.3f} {statistics.median(row.ratios):>13.3f} "
+                  f"{row.cpu_us:>19.0f}")
+        worst = min(max(row.rates) / best0 for row in runs[1:])
+        print(f"wrapper / bare throughput (best runs): {worst:.3f} -> {'PASS' if worst >= 0.98 else 'FAIL'} "
+              "(target: within 2% of the bare loop)")
+
+
+def _tee(path: Path) -> None:
+    """Print to stdout and to `path`, which starts with the command, commit, date and machine."""
+    import datetime
+    import platform
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h"], capture_output=True, text=True,
+                            check=False).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "job_wrapper",
+                            "benchmarks/bench_wrapper.py"], capture_output=True, text=True, check=False).stdout.strip()
+    out = path.open("w")  # open for the rest of the run
+    out.write(f"# command: .venv/bin/python benchmarks/bench_wrapper.py {' '.join(sys.argv[1:])}\n"
+              f"# commit: {commit}{' (uncommitted changes in job_wrapper/ or this benchmark)' if dirty else ''}\n"
+              f"# date: {datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H:%MZ}\n"
+              f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}\n")
+
+    class Tee:
+        def write(self, text: str) -> int:
+            out.write(text)
+            out.flush()
+            return sys.__stdout__.write(text) if sys.__stdout__ else len(text)
+
+        def flush(self) -> None:
+            if sys.__stdout__:
+                sys.__stdout__.flush()
+
+    sys.stdout = Tee()  # type: ignore[assignment]
 
 
 if __name__ == "__main__":
