@@ -325,7 +325,7 @@ def main() -> None:
               f"in turn; {args.loader_repeat} runs")
         print(f"{'loop':<48} {'samples/s':>10} {'ratio (mean +- 2 s.e.)':>23} {'range':>13} "
               f"{'train CPU us/batch':>19}")
-        verdicts = []
+        lows = []
         for row in runs:
             mean = statistics.mean(row.ratios)
             err = 2 * statistics.stdev(row.ratios) / len(row.ratios) ** 0.5 if len(row.ratios) > 1 else 0.0
@@ -333,9 +333,13 @@ def main() -> None:
             print(f"{row.name:<48} {statistics.mean(row.rates):>10.0f} {mean:>15.3f} +- {err:.3f} {span:>13} "
                   f"{row.cpu_us:>19.0f}")
             if row is not runs[0]:
-                verdicts.append(mean >= 0.98)
-        print(f"wrapper / bare throughput, mean of the runs' ratios: {'PASS' if all(verdicts) else 'FAIL'} "
+                lows.append((mean, mean - err))
+        worst = min(m for m, _ in lows)
+        print(f"wrapper / bare throughput: lowest mean ratio {worst:.3f} -> {'PASS' if worst >= 0.98 else 'FAIL'} "
               "(target: within 2% of the bare loop, ratio >= 0.98)")
+        if min(low for _, low in lows) < 0.98:
+            print(f"  not resolved to 2%: the 2-s.e. interval reaches {min(low for _, low in lows):.3f} "
+                  "(the machine's noise); more --loader-repeat runs narrow it")
 
 
 def _tee(path: Path) -> None:
