@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -70,7 +71,7 @@ class Step(enum.Enum):
     WAIT_CHECKPOINT = "wait-checkpoint"  # the wrapper's fresh status.json says "suspended"
     ADMIN_HOLD = "admin-hold"  # scontrol hold: the owner can no longer release it
     SET_PLACEMENT = "set-placement"  # scontrol update nodelist=N gres=gpu:gK:1,...
-    CLEAR_BEGIN = "clear-begin"  # scontrol update starttime=now (requeue leaves ~120 s BeginTime)
+    CLEAR_BEGIN = "clear-begin"  # scontrol update starttime=now[+N] (requeue leaves ~120 s BeginTime)
     RELEASE = "release"  # scontrol release
     WAIT_RUNNING = "wait-running"  # until RUNNING
     VERIFY = "verify"  # Slurm's GPUs == the placement
@@ -271,9 +272,11 @@ class _Run:
         return OpResult(self.job_id, self.op, outcome, tuple(self.steps), placement, detail)
 
 
-# Seconds between a job's incarnation stopping and its next release (see RequeueProtocol): one whole
-# second of credential dating plus margin for clock skew between the controller and slurmd hosts.
-CREDENTIAL_GUARD_S = 1.6
+# Seconds of clock skew between the controller, slurmctld and slurmd hosts that the credential guard allows
+# for (see RequeueProtocol); NTP keeps a cluster's clocks within milliseconds.
+CREDENTIAL_MARGIN_S = 0.25
+# A job held back by a begin time is released this long before it, so that slurmctld's next tick runs it.
+RELEASE_LEAD_S = 0.2
 
 
 class RequeueProtocol:
@@ -284,10 +287,12 @@ class RequeueProtocol:
     status.json. `clock` and `sleep` are injected (monotonic seconds); `wall` is the wall clock Slurm's
     job credentials are dated by.
 
-    A job is never released within `credential_guard` seconds of its last incarnation stopping: slurmd
-    revokes a killed job's credential and refuses a new launch whose credential is dated (in whole
-    seconds) no later than the revocation; slurmctld then fails the job for good ("Job credential
-    revoked"). Slurm itself delays requeued jobs by cred_expire (120 s); the protocol clears that delay.
+    The slurmd of a node where a job's incarnation was killed revokes its credential and refuses a new
+    launch there whose credential is dated (in whole seconds) no later than the revocation; slurmctld then
+    fails the job for good ("Job credential revoked"). So a job that goes back to a node it just left gets a
+    begin time in the first whole second after it was seen stopped (`credential_margin` allows for clock
+    skew); other nodes never saw its credential, and a move there may begin at once. Slurm itself delays
+    requeued jobs by cred_expire (120 s); the protocol sets that begin time instead.
     """
 
     def __init__(
@@ -299,18 +304,19 @@ class RequeueProtocol:
         start_timeout: float = 60.0,
         requeue_timeout: float = 30.0,
         checkpoint_grace: float = 5.0,
-        poll_interval: float = 0.1,
+        poll_interval: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         journal: Journal | None = None,
         jobs_root: str | os.PathLike[str] | None = None,
         wall: Callable[[], float] = time.time,
-        credential_guard: float = CREDENTIAL_GUARD_S,
+        credential_margin: float = CREDENTIAL_MARGIN_S,
     ) -> None:
         self.backend = backend
         self.wall = wall
-        self.credential_guard = credential_guard
-        self._stopped: dict[str, float] = {}  # job id -> wall time its last incarnation was seen stopped
+        self.credential_margin = credential_margin
+        # job id -> (wall time its last incarnation was seen stopped, the nodes it ran on; empty: unknown)
+        self._stopped: dict[str, tuple[float, frozenset[str]]] = {}
         self.signal_name = signal_name
         self.suspend_timeout = suspend_timeout
         self.start_timeout = start_timeout
@@ -361,6 +367,8 @@ class RequeueProtocol:
         if ph is Phase.FINISHED:
             return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
         outcome = Outcome.SUSPENDED
+        # An incarnation stops now (or just did: the wrapper requeue-held itself) on these nodes.
+        stops = frozenset(job.nodes) if ph in (Phase.RUNNING, Phase.STOPPING, Phase.REQUEUED) else None
         files = self.files(job_id)
         before = _file_id(files.status) if files is not None else None
         signalled = False
@@ -405,8 +413,9 @@ class RequeueProtocol:
         self._admin_hold(run, job)
         now = self.wall()
         # Only stops younger than the guard matter; a long-running controller must not keep them all.
-        self._stopped = {j: t for j, t in self._stopped.items() if now - t < self.credential_guard}
-        self._stopped[job_id] = now
+        self._stopped = {j: v for j, v in self._stopped.items() if self._begin_after(v[0]) > now}
+        if stops is not None:
+            self._stopped[job_id] = (now, stops)
         detail = ""
         if outcome is Outcome.ESCALATED:
             detail = (
@@ -567,12 +576,25 @@ class RequeueProtocol:
             return f"nodelist={node} gres={gres}"
 
         run.do(Step.SET_PLACEMENT, set_placement)
-        run.do(Step.CLEAR_BEGIN, lambda: self._update(job_id, "starttime=now", starttime="now"))
+        begin = self._credential_begin(job, placement)
+
+        def clear_begin() -> str:
+            # scontrol (or libslurm) adds N to its own whole-second now, at least floor(now) here.
+            later = max(0, begin - math.floor(self.wall())) if begin is not None else 0
+            when = f"now+{later}" if later else "now"
+            self.backend.update(job_id, starttime=when)
+            return f"starttime={when}" + (f" (the old job credential on {node} lapses then)" if later else "")
+
+        run.do(Step.CLEAR_BEGIN, clear_begin)
 
         def release() -> str:
-            waited = self._credential_wait(job)
+            # slurmctld runs the pass a release asks for at its next whole-second tick: a release long before
+            # the begin time would spend that pass and wait for the next periodic one instead.
+            early = begin - RELEASE_LEAD_S - self.wall() if begin is not None else 0.0
+            if early > 0:
+                self.sleep(early)
             self.backend.release(job_id)
-            return f"released (after {waited:.1f} s for the old job credential to lapse)" if waited else "released"
+            return f"released ({early:.2f} s before, just ahead of its begin time)" if early > 0 else "released"
 
         run.do(Step.RELEASE, release)
         box: list[SlurmJob] = []
@@ -608,21 +630,32 @@ class RequeueProtocol:
         run.do(Step.VERIFY, verify)
         return run.result(Outcome.RUNNING, placement)
 
-    def _credential_wait(self, job: SlurmJob) -> float:
-        """Sleep until `credential_guard` s after the job's last incarnation stopped; the seconds slept."""
-        now = self.wall()
-        last = self._stopped.pop(job.job_id, 0.0)
-        if job.restart_count and now - self.credential_guard <= job.end_time <= now:
-            last = max(last, job.end_time)  # requeued by Slurm itself, or before a controller restart
-        wait = last + self.credential_guard - now
-        if wait <= 0:
-            return 0.0
-        self.sleep(wait)
-        return wait
+    def _begin_after(self, stopped: float) -> int:
+        """The first whole second (wall time) at which a job seen stopped at `stopped` may start again on the
+        same node: a credential dated then is later than any revocation dated (by a clock up to
+        `credential_margin` ahead) in the second of the stop."""
+        return math.floor(stopped + self.credential_margin) + 1
 
-    def _update(self, job_id: str, what: str, **fields: str) -> str:
-        self.backend.update(job_id, **fields)
-        return what
+    def _credential_begin(self, job: SlurmJob, placement: Placement) -> int | None:
+        """The whole second (wall time) before which the job must not begin on the placement's nodes, for its
+        old credential there to lapse; None when nothing stands in the way. Set as the job's begin time, it
+        holds the job back in every scheduling pass, the immediate ones after a job's epilog included.
+
+        Without this protocol's own record of the stop (a controller restart, a requeue by Slurm itself)
+        the stop time is Slurm's end time (whole seconds, slurmctld's clock) and every node counts.
+        """
+        now = self.wall()
+        last: float | None = None
+        record = self._stopped.pop(job.job_id, None)
+        if record is not None:
+            stopped, nodes = record
+            if not nodes or nodes & set(placement.nodes):
+                last = stopped
+        elif job.restart_count and now - 5.0 <= job.end_time <= now:
+            last = job.end_time + 1.0  # the revocation may fall in the second after the recorded end
+        if last is None:
+            return None
+        return self._begin_after(last)
 
     # -- migrate / resize --------------------------------------------------------------------------
 

@@ -563,8 +563,8 @@ class PyslurmBackend:
 
 
 def _modify_value(field: str, value: str, clock: Callable[[], float]) -> Any:
-    if field in ("starttime", "begintime") and value.lower() == "now":
-        return int(clock())
+    if field in ("starttime", "begintime") and re.fullmatch(r"now(\+\d+)?", value.lower()):
+        return int(clock()) + int(value[4:] or 0)  # as scontrol: now[+seconds] on the whole-second clock
     if field in ("nodelist", "reqnodelist", "excnodelist", "partition"):
         return ",".join(value.split(","))
     return value

@@ -71,6 +71,7 @@ class FakeJob:
     shared: bool = False
     restart_count: int = 0
     begin: float = 0.0
+    end: float = 0.0  # when its last incarnation stopped (Slurm's EndTime)
     req_node: str = "n1"
     req_gres: str = "gpu:2"  # what Slurm shows as TresPerNode (the last update's text)
     req: dict[Key, int] = field(default_factory=dict)  # the request Slurm allocates from
@@ -95,6 +96,7 @@ class FakeSlurm:
     gpus_per_node: int = 4
     jobs_: dict[str, FakeJob] = field(default_factory=dict)
     calls: list[tuple[str, str, str]] = field(default_factory=list)
+    released_at: dict[str, float] = field(default_factory=dict)  # job id -> clock at its last release
     lua_refuses: bool = False
     auto_tick: float = 0.0  # > 0: every job() call advances the fake clock (for code that sleeps for real)
     caps: SlurmCapabilities = SLURM_22_05
@@ -162,6 +164,7 @@ class FakeSlurm:
     def _requeue_hold(self, j: FakeJob) -> None:
         j.state, j.reason, j.hold = "PENDING", "job_requeued_in_held_state", HoldKind.USER
         j.gpus, j.restart_count, j.begin = (), j.restart_count + 1, self.clock.t + 120.0
+        j.end = float(int(self.clock.t))
 
     def _get(self, job_id: str) -> FakeJob:
         if job_id not in self.jobs_:
@@ -201,6 +204,7 @@ class FakeSlurm:
             gpus={} if j.shared else held,
             shards=held if j.shared else {},
             restart_count=j.restart_count,
+            end_time=j.end,
             comment="gandiva",
             tres_per_node=j.req_gres,
         )
@@ -235,6 +239,7 @@ class FakeSlurm:
         self.calls.append(("release", job_id, ""))
         self._admin("release")
         j = self._get(job_id)
+        self.released_at[job_id] = self.clock.t
         j.hold, j.reason = HoldKind.NONE, "None"
 
     def update(self, job_id: str, **fields: str) -> None:
@@ -249,8 +254,9 @@ class FakeSlurm:
             j.req_gres = fields["gres"]
         if "nodelist" in fields:
             j.req_node = fields["nodelist"]
-        if fields.get("starttime") == "now":
-            j.begin = self.clock.t
+        if fields.get("starttime", "").startswith("now"):  # now[+N]: N whole seconds from Slurm's second
+            later = fields["starttime"][4:]
+            j.begin = float(int(self.clock.t) + int(later or 0)) if later else self.clock.t
 
     def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
         self._get(job_id).state = "CANCELLED"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from requeue_fakes import FakeClock, FakeJob, FakeSlurm
 from slurm_gandiva.errors import BadRequest, PermissionDenied, ProtocolError
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.protocol import (
+    RELEASE_LEAD_S,
     GresKind,
     Op,
     Outcome,
@@ -298,19 +300,50 @@ def test_migrate_suspends_then_resumes_elsewhere(proto: RequeueProtocol, slurm: 
     assert proto.migrate("7", place("n2", 2, 3)).outcome is Outcome.RUNNING and len(slurm.calls) == n
 
 
-def test_a_stopped_job_is_released_only_after_its_old_credential_lapsed(
+def test_a_job_back_on_the_node_it_left_begins_only_after_its_old_credential_lapsed(
     proto: RequeueProtocol, slurm: FakeSlurm, clock: FakeClock
 ) -> None:
     """slurmd refuses (and slurmctld then fails the job for good) a launch dated in the second its old
-    incarnation was killed: a migrate waits out the guard before releasing; a later resume does not."""
+    incarnation was killed there: a move back onto that node gets a begin time in the first whole second
+    after the stop (with the skew margin), set before the release; a later resume begins now."""
     slurm.add(FakeJob("7", node="n1", gpus=(0,), req_gres="gpu:g0:1"))
+    clock.t = 1000.6
     res = proto.migrate("7", place("n1", 1))
-    release = res.step(Step.RELEASE) or pytest.fail("no release step")
-    assert "after 1.6 s" in release.detail and release.seconds >= proto.credential_guard - 0.01
+    assert res.outcome is Outcome.RUNNING
+    begin = res.step(Step.CLEAR_BEGIN) or pytest.fail("no clear-begin step")
+    assert "starttime=now+" in begin.detail and "credential" in begin.detail
+    stopped = slurm.jobs_["7"].end  # the fake's requeue moment, whole seconds
+    begin_at = slurm.jobs_["7"].begin
+    assert begin_at >= math.floor(stopped + proto.credential_margin) + 1
+    # Released just ahead of the begin time, so that slurmctld's next tick (not the one after) starts it.
+    assert begin_at - RELEASE_LEAD_S - 0.01 <= slurm.released_at["7"] < begin_at
     proto.suspend("7")
     clock.sleep(60.0)
     res = proto.resume("7", place("n1", 2))
-    assert (res.step(Step.RELEASE) or pytest.fail()).detail == "released"
+    assert (res.step(Step.CLEAR_BEGIN) or pytest.fail()).detail == "starttime=now"
+
+
+def test_a_move_to_another_node_may_begin_at_once(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    """The new node's slurmd never saw the job's old credential: nothing to wait for."""
+    slurm.add(FakeJob("7", node="n1", gpus=(0,), req_gres="gpu:g0:1"))
+    res = proto.migrate("7", place("n2", 0))
+    assert res.outcome is Outcome.RUNNING
+    assert (res.step(Step.CLEAR_BEGIN) or pytest.fail()).detail == "starttime=now"
+
+
+def test_without_its_own_record_of_the_stop_the_protocol_goes_by_slurms_end_time(
+    proto: RequeueProtocol, slurm: FakeSlurm, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A controller restarted right after a suspend knows neither the stop time nor the node: it trusts
+    Slurm's end time (whole seconds; the revocation may fall in the next second) and guards every node."""
+    slurm.add(FakeJob("7", node="n1", gpus=(0,), req_gres="gpu:g0:1"))
+    proto.suspend("7")
+    ended = slurm.jobs_["7"].end
+    fresh = RequeueProtocol(slurm, clock=clock, sleep=clock.sleep, wall=clock, jobs_root=tmp_path)
+    res = fresh.resume("7", place("n2", 0))
+    assert res.outcome is Outcome.RUNNING
+    assert "starttime=now+" in (res.step(Step.CLEAR_BEGIN) or pytest.fail()).detail
+    assert slurm.jobs_["7"].begin >= ended + 2
 
 
 def test_resize_changes_gpu_count(proto: RequeueProtocol, slurm: FakeSlurm) -> None:

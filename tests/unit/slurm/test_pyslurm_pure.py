@@ -12,6 +12,7 @@ from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import SlurmJob
 from slurm_gandiva.slurm.cli_backend import CliBackend
 from slurm_gandiva.slurm.pyslurm_backend import (
+    _modify_value,
     _rpc_error,
     base_state,
     gres_string,
@@ -147,3 +148,9 @@ def test_pyslurm_is_bound_to_one_slurm_conf_per_process(monkeypatch: pytest.Monk
         load_pyslurm(str(b))
     with pytest.raises(ConfigError, match=r"readable slurm\.conf"):
         load_pyslurm(str(Path(str(tmp_path)) / "missing.conf"))
+
+
+def test_a_begin_time_of_now_plus_n_counts_from_the_whole_second_as_scontrol_does() -> None:
+    assert _modify_value("starttime", "now", lambda: 1000.7) == 1000
+    assert _modify_value("starttime", "now+2", lambda: 1000.7) == 1002
+    assert _modify_value("begintime", "NOW+1", lambda: 5.2) == 6
