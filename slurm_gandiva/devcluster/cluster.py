@@ -36,6 +36,9 @@ CPUS_PER_NODE = 8
 MEMORY_MB = 8000
 CTLD_PORT_OFFSET = 17
 SLURMD_PORT_OFFSET = 101
+# Scheduling passes every 2 s (Slurm's defaults: 60 s, 30 s), and the pass a release asks for at slurmctld's
+# next 1 s tick instead of up to 3 s after the previous pass (batch_sched_delay; README "Switch cost").
+SCHEDULER_PARAMETERS = "sched_interval=2,bf_interval=2,batch_sched_delay=0"
 SLURMD_RESTART_GRACE_S = 3.0  # a daemon re-executing itself has no live pid (file) for this long at most
 
 
@@ -204,6 +207,7 @@ class DevCluster:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         capabilities: SlurmCapabilities | None = None,
+        scheduler_parameters: str = SCHEDULER_PARAMETERS,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or gpus_per_switch < 1 or sockets < 1:
             raise ConfigError("devcluster: nodes, GPUs per node, GPUs per switch and sockets must be >= 1")
@@ -222,6 +226,9 @@ class DevCluster:
         self._clock = clock
         self._sleep = sleep
         self._caps = capabilities
+        if any(c.isspace() for c in scheduler_parameters):
+            raise ConfigError(f"devcluster: SchedulerParameters {scheduler_parameters!r} must not contain spaces")
+        self.scheduler_parameters = scheduler_parameters
 
     # ----- paths and names -----
     @property
@@ -325,6 +332,7 @@ class DevCluster:
             "memory_mb": MEMORY_MB,
             "partition": PARTITION,
             "min_job_age": 600,
+            "scheduler_parameters": self.scheduler_parameters,
             "kill_wait": 2,
             # One job's shards on several GPUs of a node (a packed multi-GPU job) need this since 23.11.1.
             "multiple_sharing_gres": self.capabilities.multiple_sharing_gres_param,
