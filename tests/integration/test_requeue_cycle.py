@@ -246,7 +246,7 @@ def test_suspend_escalates_when_the_job_ignores_the_signal(
     cleanup_jobs: list[str],
 ) -> None:
     # A job that traps and ignores the signal (no wrapper): the protocol must force the requeue-hold.
-    script = "#!/bin/bash\ntrap 'echo ignored' USR2\nwhile true; do sleep 0.2; done\n"
+    script = "#!/bin/bash\ntrap 'echo ignored' USR2\necho trapped\nwhile true; do sleep 0.2; done\n"
     job_id = slurm.submit(
         SubmitRequest(script, [f"--comment={JOB_MARK}", "--mem=100M", f"--output={job_dir}/%j.out"], as_user=test_user)
     )
@@ -257,6 +257,9 @@ def test_suspend_escalates_when_the_job_ignores_the_signal(
     assert phase(slurm.job(job_id)) in (Phase.REQUEUED, Phase.QUEUED_HELD)
     proto = RequeueProtocol(slurm, suspend_timeout=2.0, jobs_root=job_dir)
     assert proto.resume(job_id, Placement((GpuRef("n1", 3),))).outcome is Outcome.RUNNING
+    # RUNNING comes as Slurm allocates; a signal sent before the batch shell runs its trap would be lost.
+    out = job_dir / f"{job_id}.out"
+    wait_for(lambda: out.exists() and "trapped" in out.read_text(), 30.0, what="the job's trap")
     res = proto.suspend(job_id)
     assert res.outcome is Outcome.ESCALATED and "lost" in res.detail
     job = slurm.job(job_id)

@@ -99,3 +99,19 @@ def test_unknown_signal_is_a_config_error() -> None:
     for refused, why in (("KILL", "cannot be caught"), ("SIGSTOP", "cannot be caught"), ("usr1", "NCCL")):
         with pytest.raises(ConfigError, match=why):
             signal_name(refused)
+
+
+def test_the_signal_is_ignored_until_the_wrapper_catches_it(tmp_path: Path) -> None:
+    """A suspend signal that comes before the wrapper has its handler must not kill the job's shell (the
+    job would end FAILED): the script ignores it, and the wrapper it execs starts with it ignored."""
+    spec = SubmitSpec(job_id="", user="u", min_gpus=1, max_gpus=1, command=("python", "t.py"), signal="USR2")
+    wrapper = tmp_path / "wrapper"
+    wrapper.write_text("#!/bin/bash\nkill -USR2 $$\necho alive > \"$OUT_FILE\"\n")
+    wrapper.chmod(0o755)
+    (tmp_path / "jobs").mkdir()
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(spec, str(tmp_path / "jobs"), wrapper=str(wrapper)))
+    out = tmp_path / "out"
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "OUT_FILE": str(out)}
+    proc = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, timeout=30, check=False)
+    assert proc.returncode == 0 and out.read_text() == "alive\n"
