@@ -85,6 +85,21 @@ def plan_ranks(nprocs: int | None, gpus: Sequence[str]) -> tuple[int, tuple[str 
     return n, tuple(gpus[:n])
 
 
+def process_started(pid: int | str = "self") -> float | None:
+    """Wall time at which process `pid` started (10 ms resolution, from /proc), None where unknown.
+
+    The job script `exec`s the wrapper, so for the wrapper this is when slurmstepd started the batch shell:
+    the "start" event carries it, and the gap to the event is the wrapper's own start-up.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime, after the "(comm)" field
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (for MASTER_PORT)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -239,7 +254,8 @@ def run(
         _log(f"cannot start {config.command[0]!r}: {exc.strerror or exc}")
         return _finish(files, ExitCode.FAILED, f"cannot start the command: {exc}", [], env, gpus, nprocs, config)
     append_event(files.events, "start", job_id=job_id, restart=env.get("SLURM_RESTART_COUNT", "0"),
-                 nprocs=nprocs, gpus=[g for g in rank_gpus if g is not None], gpu_env=gpu_env_var(env),
+                 shell_started=process_started(), nprocs=nprocs, gpus=[g for g in rank_gpus if g is not None],
+                 gpu_env=gpu_env_var(env),
                  command=list(config.command),
                  children=[c.pid for c in st.children])
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a signal that came meanwhile is handled here
