@@ -79,7 +79,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   step "pip upgrade" .venv/bin/pip install -q --upgrade pip
   # The pin first: a looser torch requirement would pull a multi-GB CUDA build.
   step "torch install" .venv/bin/pip install -q torch==2.13.0
-  step "project install" .venv/bin/pip install -q -e ".[controller,dev]"
+  step "project install" .venv/bin/pip install -q -e ".[controller,dev,lightning,hf]"
   touch "$stamp"
 fi
 if [ "$(id -u)" -eq 0 ] && ! runuser -u nobody -- test -x "$root/.venv/bin/python" 2>/dev/null; then

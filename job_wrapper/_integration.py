@@ -1,0 +1,178 @@
+"""What the framework integrations (Lightning, Hugging Face) share with `Session`: the signal flag, the state
+directory, progress.json and the exit into the held requeue. No framework is imported here."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn
+
+from job_wrapper import checkpoint as ckpt
+from job_wrapper.api import _local_state_dir, rank_and_world_size
+from job_wrapper.launcher import FAST_EXIT_ENV
+from job_wrapper.progress import Counters, ProgressReporter, append_event
+from slurm_gandiva.requeue.contract import (
+    PROGRESS_INTERVAL_ENV,
+    SIGNAL_ENV,
+    STATE_DIR_ENV,
+    ExitCode,
+    JobFiles,
+    StateDirError,
+    ensure_state_dir,
+    job_files,
+    signal_from_name,
+)
+
+
+def open_state_dir(state_dir: str | os.PathLike[str] | None) -> JobFiles:
+    """The job's files: `state_dir`, $GANDIVA_STATE_DIR, or ./gandiva-state outside Slurm (as `Session`)."""
+    files = job_files(state_dir or os.environ.get(STATE_DIR_ENV) or _local_state_dir())
+    try:
+        if not files.root.parent.exists():
+            files.root.parent.mkdir(parents=True, exist_ok=True)
+        ensure_state_dir(files.root)
+    except (StateDirError, OSError) as exc:
+        why = exc if isinstance(exc, StateDirError) else f"cannot create {files.root}: {exc.strerror}"
+        print(f"gandiva: {why}", file=sys.stderr, flush=True)
+        raise SystemExit(int(ExitCode.FAILED)) from None
+    return files
+
+
+class Suspender:
+    """The suspend signal as a flag (the handler does nothing else), progress.json, and the exits.
+
+    `fast_exit` (default: on under gandiva-wrapper) ends a suspended process with os._exit after flushing;
+    otherwise `exit_suspended` raises SystemExit(75), which a test can catch.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        *,
+        fast_exit: bool | None = None,
+        progress_interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rank, self.world_size = rank_and_world_size()
+        self.files = open_state_dir(state_dir)
+        self.identity = ckpt.job_identity()
+        self.signal = signal_from_name(os.environ.get(SIGNAL_ENV))
+        self.flag = False
+        self.step = 0  # mini-batches trained since the job first started (restored from the checkpoint)
+        self.samples = 0  # global samples likewise
+        self.epoch = 0
+        self.total_samples: int | None = None
+        self._fast_exit = os.environ.get(FAST_EXIT_ENV) == "1" if fast_exit is None else fast_exit
+        self._interval = progress_interval if progress_interval is not None else float(
+            os.environ.get(PROGRESS_INTERVAL_ENV, "5"))
+        self._clock = clock
+        self._progress: ProgressReporter | None = None
+        self._listening = False
+
+    # -- the signal -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def signal_number() -> signal.Signals:
+        """The suspend signal the wrapper forwards ($GANDIVA_SIGNAL, USR2 by default)."""
+        return signal_from_name(os.environ.get(SIGNAL_ENV))
+
+    def listen(self) -> None:
+        """Catch the suspend signal (flag only) and unblock it (the wrapper starts us with it blocked)."""
+        if self._listening or threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(self.signal, self._on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.signal})
+        atexit.register(self.stop_listening)
+        self._listening = True
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.flag = True
+
+    def request_suspend(self) -> None:
+        """Ask for a suspend at the next batch boundary, as the signal does."""
+        self.flag = True
+
+    def stop_listening(self) -> None:
+        """Ignore the signal from now on: at interpreter teardown its default action would kill the process."""
+        atexit.unregister(self.stop_listening)
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(self.signal) == self._on_signal:
+            signal.signal(self.signal, signal.SIG_IGN)
+        self._listening = False
+
+    # -- progress -------------------------------------------------------------------------------------
+
+    def _counters(self) -> Counters:
+        return Counters(self.step, self.epoch, self.samples, self.total_samples)
+
+    def start_progress(self) -> None:
+        """Start progress.json (rank 0): mini-batch times and samples/s for the controller."""
+        if self.rank == 0 and self._progress is None:
+            self._progress = ProgressReporter(self.files.progress, self._counters, world_size=self.world_size,
+                                              interval=self._interval, clock=self._clock)
+            self._progress.start()
+
+    def batch_done(self, samples: int) -> None:
+        """One mini-batch of `samples` global samples trained (two additions: no clock, no system call)."""
+        self.step += 1
+        self.samples += samples
+
+    def event(self, name: str, **fields: Any) -> None:
+        if self.rank == 0:
+            append_event(self.files.events, name, **fields)
+
+    def close(self, state: str) -> None:
+        self.stop_listening()
+        if self._progress is not None:
+            self._progress.stop(state)
+            self._progress = None
+
+    # -- exits ----------------------------------------------------------------------------------------
+
+    def exit_suspended(self) -> NoReturn:
+        self.close("suspended")
+        if self._fast_exit:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(int(ExitCode.SUSPENDED))
+        raise SystemExit(int(ExitCode.SUSPENDED))
+
+    def fail(self, message: str) -> NoReturn:
+        self.event("error", message=message)
+        print(f"gandiva: {message}", file=sys.stderr, flush=True)
+        self.close("failed")
+        raise SystemExit(int(ExitCode.FAILED))
+
+    def fsync_replace(self, tmp: os.PathLike[str], final: os.PathLike[str], prev: os.PathLike[str]) -> None:
+        """Make `tmp` durable, keep the current `final` as `prev`, then rename `tmp` over `final`."""
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fchmod(fd, 0o600)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if os.path.exists(final):
+            os.replace(final, prev)  # a crash between the two renames leaves prev: load() falls back to it
+        os.replace(tmp, final)
+        dfd = os.open(self.files.root, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def batch_samples(batch: Any) -> int:
+    """Samples in one process's mini-batch: the first dimension of its first tensor (0 when none is found)."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()), None)
+    elif isinstance(batch, (tuple, list)):
+        batch = batch[0] if batch else None
+    shape = getattr(batch, "shape", None)
+    return int(shape[0]) if shape else 0

@@ -1,0 +1,249 @@
+"""PyTorch Lightning under slurm-gandiva (`pip install 'slurm-gandiva[lightning]'`).
+
+    gandiva = job_wrapper.lightning.GandivaCallback()
+    trainer = L.Trainer(max_epochs=3, callbacks=[gandiva])
+    gandiva.fit(trainer, model)              # trainer.fit(model, ckpt_path=<newest checkpoint of this job or None>)
+
+and, for an exact data position across a suspend, the module's `train_dataloader()` returns
+`job_wrapper.lightning.loader(dataset, batch_size=32)`.
+
+The suspend signal only sets a flag. At the next `on_train_batch_end` every rank saves through
+`trainer.save_checkpoint` (model, optimizers, schedulers, loops mid-epoch, callbacks, the loader's position),
+rank 0 makes it durable and renames it over `lightning.ckpt` in the job's state directory (the previous one
+becomes `lightning.prev.ckpt`), and the process exits 75 (`ExitCode.SUSPENDED`): the wrapper requeue-holds
+the job. Lightning's own SLURM auto-requeue (its SIGUSR1 handler, which checkpoints inside the handler and
+runs `scontrol requeue`) is switched off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+from torch.utils.data import DataLoader
+
+from job_wrapper import checkpoint as ckpt
+from job_wrapper._integration import Suspender, batch_samples
+from job_wrapper.api import _tensors, rank_and_world_size
+from job_wrapper.data import (
+    GatheredTensors,
+    IgnoreSignalInWorkers,
+    ResumableSampler,
+    SeededDataset,
+    TensorsDataset,
+    only,
+)
+
+CHECKPOINT = "lightning.ckpt"
+PREVIOUS = "lightning.prev.ckpt"
+FORMAT = 1
+
+
+class _LoaderSampler(ResumableSampler):
+    """A ResumableSampler whose position only the callback moves: Lightning's `set_epoch` calls (made after
+    the epoch's `iter()`, and with the old epoch when a run resumed right after an epoch's last batch) are
+    ignored, the position already knows its epoch. Its length is the whole epoch's, as Lightning expects of a
+    stateful loader (it subtracts the batches its loop state counts as done)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def __len__(self) -> int:
+        """Batches of a whole epoch: Lightning counts the ones its restored loop state says are done."""
+        return -(-self.epoch_len // self.batch_size)
+
+
+class ResumableLoader(DataLoader[Any]):
+    """A DataLoader over a `ResumableSampler`: Lightning saves its `state_dict()` (epoch, global samples
+    consumed) in the checkpoint's loop state and loads it before the resumed epoch's `iter()`, so the run
+    continues with the first unconsumed batch (and Lightning does not warn about an unresumable loader)."""
+
+    gandiva_sampler: _LoaderSampler
+
+    def state_dict(self) -> dict[str, int]:
+        return self.gandiva_sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.gandiva_sampler.load_state_dict(state)
+
+
+def loader(
+    dataset: Any,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    num_workers: int = 0,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    **dataloader_args: Any,
+) -> ResumableLoader:
+    """A resumable DataLoader: `Session.loader()`'s batches (the global batch of `batch_size` split over the
+    ranks, `epoch_order(n, seed, epoch)`), with workers seeded per batch. Give the Trainer
+    `use_distributed_sampler=False` on several processes: the sampler shards itself."""
+    if rank is None or world_size is None:
+        rank, world_size = rank_and_world_size()
+    n = len(dataset[0]) if _tensors(dataset) else len(dataset)
+    sampler = _LoaderSampler(n, batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle,
+                             drop_last=drop_last)
+    if isinstance(dataset, torch.Tensor) or _tensors(dataset):
+        dataset = TensorsDataset(dataset) if collate_fn is not None else GatheredTensors(dataset)
+        collate_fn = collate_fn or only
+    sig = Suspender.signal_number()
+    dl = ResumableLoader(
+        SeededDataset(dataset),
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        worker_init_fn=IgnoreSignalInWorkers(sig, dataloader_args.pop("worker_init_fn", None)),
+        generator=torch.Generator().manual_seed(seed),
+        **dataloader_args,
+    )
+    dl.gandiva_sampler = sampler
+    return dl
+
+
+def _loaders(iterables: Any) -> Iterable[Any]:
+    if isinstance(iterables, dict):
+        for v in iterables.values():
+            yield from _loaders(v)
+    elif isinstance(iterables, (list, tuple)):
+        for v in iterables:
+            yield from _loaders(v)
+    else:
+        yield iterables
+
+
+class GandivaCallback(pl.Callback):
+    """Suspend at a batch boundary on the controller's signal, checkpoint through Lightning, exit 75; resume
+    from the job's newest checkpoint in `fit()`. `state_dir`/`fast_exit`: as for `Session`."""
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, fast_exit: bool | None = None,
+                 progress_interval: float | None = None) -> None:
+        super().__init__()
+        self.job = Suspender(state_dir, fast_exit=fast_exit, progress_interval=progress_interval)
+        self.resumed_from: Path | None = None
+        self._loaders: list[ResumableLoader] = []
+        self._rng: list[Any] | None = None
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.job.files.root / CHECKPOINT
+
+    def resume_path(self) -> Path | None:
+        """The newest complete checkpoint of this job (the previous one if the newest is missing), or None."""
+        for path in (self.checkpoint_path, self.job.files.root / PREVIOUS):
+            if path.is_file():
+                return path
+        return None
+
+    def fit(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        """`trainer.fit(*args, **kwargs)`, resuming from this job's newest checkpoint when there is one (a first
+        run just starts, or loads the `ckpt_path` you pass); exits 75 when suspended."""
+        path = self.resume_path()
+        if path is not None:
+            kwargs["ckpt_path"] = str(path)
+            self.resumed_from = path
+        try:
+            trainer.fit(*args, **kwargs)
+        finally:
+            self.job.stop_listening()
+        self.job.event("training_done", step=self.job.step, samples=self.job.samples)
+        self.job.close("done")
+
+    # -- hooks ---------------------------------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        # Before Lightning registers its handlers: with ours in place it never takes our signal.
+        self.job.listen()
+        env = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+        if isinstance(env, SLURMEnvironment) and env.auto_requeue:
+            env.auto_requeue = False
+            if trainer.is_global_zero:
+                print("gandiva: Lightning's SLURM auto-requeue is off: the controller requeues this job "
+                      "(Trainer(plugins=[SLURMEnvironment(auto_requeue=False)]) says so without this line)",
+                      file=sys.stderr, flush=True)
+            self.job.event("lightning_auto_requeue_off")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._rng is not None:
+            # Restored here, after the resumed epoch's iter() (which an uninterrupted run did at the epoch's
+            # start): the global RNG continues as it would have after the checkpointed batch.
+            if len(self._rng) == trainer.world_size and trainer.global_rank < len(self._rng):
+                ckpt.restore_rng(self._rng[trainer.global_rank])
+            self._rng = None
+        self._loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, ResumableLoader)]
+        if self._loaders and trainer.max_epochs is not None and trainer.max_epochs > 0:
+            s = self._loaders[0].gandiva_sampler
+            total = s.epoch_len * trainer.max_epochs
+            if trainer.max_steps > 0:
+                total = min(total, trainer.max_steps * s.batch_size)
+            self.job.total_samples = total
+        self.job.epoch = trainer.current_epoch
+        self.job.start_progress()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._loaders:
+            n = self._loaders[0].gandiva_sampler.next_batch_samples()
+            for dl in self._loaders:
+                dl.gandiva_sampler.advance()
+        else:
+            n = batch_samples(batch) * trainer.world_size
+        self.job.batch_done(n)
+        self.job.epoch = trainer.current_epoch
+        stop = self.job.flag
+        if trainer.world_size > 1:  # every rank must stop at the same batch: rank 0's or anyone's flag
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop:
+            self._suspend(trainer)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        rng = ckpt.capture_rng()
+        rngs: list[Any] = [rng]
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            rngs = [None] * trainer.world_size
+            torch.distributed.all_gather_object(rngs, rng)
+        checkpoint["gandiva"] = {"format": FORMAT, "job": self.job.identity, "step": self.job.step,
+                                 "samples": self.job.samples, "rng": rngs, "world_size": trainer.world_size}
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        st = checkpoint.get("gandiva")
+        if not isinstance(st, dict):
+            if self.resumed_from is not None:
+                self.job.fail(f"{self.resumed_from} was not written by gandiva's callback: delete it to start over")
+            return  # a checkpoint of the user's own (a first run's ckpt_path)
+        try:
+            ckpt.check_identity(st, self.job.identity, str(self.resumed_from), self.job.files.root)
+        except ckpt.CheckpointError as exc:
+            self.job.fail(str(exc))
+        self.job.step, self.job.samples = int(st["step"]), int(st["samples"])
+        self._rng = st["rng"] if int(st["world_size"]) == trainer.world_size else None
+        self.job.event("resumed", path=str(self.resumed_from), step=self.job.step,
+                       epoch=int(checkpoint.get("epoch", 0)), world_size=trainer.world_size)
+
+    # -- the suspend ---------------------------------------------------------------------------------
+
+    def _suspend(self, trainer: pl.Trainer) -> None:
+        self.job.event("stop_requested", step=self.job.step)
+        tmp = self.job.files.root / f"{CHECKPOINT}.tmp.{os.getpid()}"
+        t0 = self.job._clock()
+        trainer.save_checkpoint(tmp)  # every rank; the strategy writes on rank 0
+        if trainer.is_global_zero:
+            self.job.fsync_replace(tmp, self.checkpoint_path, self.job.files.root / PREVIOUS)
+            self.job.event("checkpoint", reason="suspend", step=self.job.step,
+                           bytes=self.checkpoint_path.stat().st_size, seconds=round(self.job._clock() - t0, 6),
+                           path=str(self.checkpoint_path))
+        self.job.exit_suspended()
