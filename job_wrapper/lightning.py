@@ -130,6 +130,7 @@ class GandivaCallback(pl.Callback):
                  progress_interval: float | None = None) -> None:
         super().__init__()
         self.job = Suspender(state_dir, fast_exit=fast_exit, progress_interval=progress_interval)
+        self.job.listen()  # now: a signal during start-up (model build, data) waits for the first batch's end
         self.resumed_from: Path | None = None
         self._loaders: list[ResumableLoader] = []
         self._rng: list[Any] | None = None
@@ -164,7 +165,7 @@ class GandivaCallback(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        # Before Lightning registers its handlers: with ours in place it never takes our signal.
+        # Ours is in place before Lightning registers its handlers, so it never takes our signal.
         self.job.listen()
         env = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
         if isinstance(env, SLURMEnvironment) and env.auto_requeue:

@@ -77,7 +77,8 @@ def _no_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("at", [2, 5, 8])
 def test_suspend_saves_through_the_trainer_exits_75_and_resumes_exactly(tmp_path: Path, at: int) -> None:
-    ref, _ = run(tmp_path / "r", tmp_path / "ref")  # first run, no checkpoint: just starts
+    ref, first = run(tmp_path / "r", tmp_path / "ref")  # first run, no checkpoint: just starts
+    assert first.resumed_from is None and first.job.step == len(ref.seen)
     state = tmp_path / "job"
     with pytest.raises(SystemExit) as exc:
         run(tmp_path / "s", state, at=at)

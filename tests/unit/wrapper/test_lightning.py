@@ -87,7 +87,8 @@ def _no_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("at", [3, 5, 8])  # mid-epoch, an epoch's last batch, the second epoch
 def test_suspend_checkpoints_exits_75_and_resumes_to_the_uninterrupted_parameters(tmp_path: Path, at: int) -> None:
-    ref, _ = run(tmp_path / "ref")  # first run, no checkpoint: just starts
+    ref, first = run(tmp_path / "ref")  # first run, no checkpoint: just starts
+    assert first.resumed_from is None and first.job.step == len(ref.seen)
     state = tmp_path / "job"
     with pytest.raises(SystemExit) as exc:
         run(state, at=at)
