@@ -10,6 +10,7 @@ import os
 import socket
 import sqlite3
 import stat
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -111,9 +112,18 @@ def _sqlite_begin(conn: sa.Connection) -> None:
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     dbapi_conn.isolation_level = None  # no implicit BEGIN from pysqlite: _sqlite_begin emits it
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=10000")
+    # WAL is a property of the file: set once, by the first connection. SQLite does not wait on its busy
+    # handler for that switch, so a connection opened while another one sets it up retries a while.
+    deadline = time.monotonic() + 10.0
+    while cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+    cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL is durable against process kill (-9)
     cur.close()
 
