@@ -10,6 +10,9 @@ Table 3: training throughput through a DataLoader with worker processes: `Sessio
 of one's own over `Session.sampler()`, against the same loop over a bare DataLoader (no wrapper), the loops side
 by side in one process, a batch of each in turn (samples/s of wall time; ratio = wrapper / bare in the same run,
 mean of --loader-repeat runs; the target is >= 0.98), and the training thread's CPU time per batch.
+Table 4: the framework callbacks' per-step cost (`job_wrapper.lightning`, `job_wrapper.hf`): CPU time of the
+hook that runs at every batch (flag not set), and the wall time per training step of a tiny model with and
+without the callback, runs alternating (--frameworks-repeat each; `--only-frameworks` prints table 4 alone).
 `--out FILE` also writes everything printed to FILE, under a header naming the command, commit and machine.
 """
 
@@ -278,6 +281,145 @@ class LoaderRow:
     cpu_us: float  # the training thread's CPU time per batch, least of the runs
 
 
+@dataclass
+class FrameworkRow:
+    name: str
+    hook_ns: float  # CPU ns of the per-batch hook, flag not set
+    without_ms: float  # wall ms per step without the callback (median of the runs)
+    with_ms: float
+    ratios: list[float]  # with / without, per pair of runs made one after the other
+
+
+def _quiet_frameworks() -> None:
+    import logging
+    import warnings
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    warnings.filterwarnings("ignore")
+    import lightning.pytorch  # noqa: F401  (it sets its loggers' level on import)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def bench_lightning(repeat: int, steps: int, hook_iters: int) -> FrameworkRow:
+    import lightning.pytorch as pl
+    import torch
+
+    from job_wrapper import lightning as gl
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(16, 1)
+
+        def train_dataloader(self) -> Any:
+            x = torch.randn(steps * 16, 16)
+            return gl.loader((x, x[:, :1]), batch_size=16)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-lightning-"))
+
+    def fit(with_cb: bool) -> tuple[float, Any, Any]:
+        cbs = [gl.GandivaCallback(tmp / f"s{time.monotonic_ns()}", fast_exit=False, progress_interval=3600)] \
+            if with_cb else []
+        tr = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=cbs)
+        model = Tiny()
+        t0 = time.perf_counter()
+        if cbs:
+            cbs[0].fit(tr, model)
+        else:
+            tr.fit(model)
+        return (time.perf_counter() - t0) / steps * 1e3, tr, (cbs[0] if cbs else None)
+
+    fit(False), fit(True)  # warm-up: the first runs pay one-time costs
+    without, with_ = [], []
+    for _ in range(repeat):
+        without.append(fit(False)[0])
+        ms, tr, cb = fit(True)
+        with_.append(ms)
+    model, batch = tr.lightning_module, None
+    t0 = time.thread_time_ns()
+    for i in range(hook_iters):
+        cb.on_train_batch_end(tr, model, None, batch, i)
+    hook = (time.thread_time_ns() - t0) / hook_iters
+    shutil.rmtree(tmp, ignore_errors=True)
+    return FrameworkRow("Lightning: GandivaCallback.on_train_batch_end", hook, statistics.median(without),
+                        statistics.median(with_), [w / o for w, o in zip(with_, without, strict=True)])
+
+
+def bench_hf(repeat: int, steps: int, hook_iters: int) -> FrameworkRow:
+    import torch
+    from transformers import PrinterCallback, Trainer, TrainerControl, TrainingArguments
+
+    from job_wrapper import hf as ghf
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(16, 1)
+
+        def forward(self, x: Any, labels: Any) -> Any:
+            return {"loss": torch.nn.functional.mse_loss(self.net(x), labels)}
+
+    x = torch.randn(steps * 16, 16)
+    data = [{"x": x[i], "labels": x[i, :1]} for i in range(len(x))]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-hf-"))
+
+    def train(with_cb: bool) -> tuple[float, Any, Any]:
+        args = TrainingArguments(output_dir=str(tmp / "out"), per_device_train_batch_size=16, num_train_epochs=1,
+                                 use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no",
+                                 disable_tqdm=True, remove_unused_columns=False)
+        cb = ghf.GandivaTrainerCallback(tmp / f"s{time.monotonic_ns()}", fast_exit=False,
+                                        progress_interval=3600) if with_cb else None
+        tr = Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[cb] if cb else [])
+        tr.remove_callback(PrinterCallback)  # it prints the final metrics
+        t0 = time.perf_counter()
+        if cb is not None:
+            cb.train(tr)
+        else:
+            tr.train()
+        return (time.perf_counter() - t0) / steps * 1e3, tr, cb
+
+    train(False), train(True)
+    without, with_ = [], []
+    for _ in range(repeat):
+        without.append(train(False)[0])
+        ms, tr, cb = train(True)
+        with_.append(ms)
+    control = TrainerControl()
+    t0 = time.thread_time_ns()
+    for _ in range(hook_iters):
+        cb.on_step_end(tr.args, tr.state, control)
+    hook = (time.thread_time_ns() - t0) / hook_iters
+    shutil.rmtree(tmp, ignore_errors=True)
+    return FrameworkRow("HF Trainer: GandivaTrainerCallback.on_step_end", hook, statistics.median(without),
+                        statistics.median(with_), [w / o for w, o in zip(with_, without, strict=True)])
+
+
+def print_frameworks(repeat: int, steps: int) -> None:
+    _quiet_frameworks()
+    rows = [bench_lightning(repeat, steps, 200_000), bench_hf(repeat, steps, 200_000)]
+    print(f"\nFramework callbacks: per-batch hook CPU time (flag not set, 200,000 calls), and wall ms per step of a "
+          f"16-1 linear model, {steps} steps a run, without / with the callback (median of {repeat} alternating runs)")
+    print(f"{'hook':<48} {'hook ns':>8} {'ms/step without':>16} {'ms/step with':>13} "
+          f"{'with/without (mean +- 2 s.e.)':>30}")
+    for r in rows:
+        err = 2 * statistics.stdev(r.ratios) / len(r.ratios) ** 0.5 if len(r.ratios) > 1 else 0.0
+        print(f"{r.name:<48} {r.hook_ns:>8.0f} {r.without_ms:>16.3f} {r.with_ms:>13.3f} "
+              f"{statistics.mean(r.ratios):>22.3f} +- {err:.3f}")
+    print("The hook's CPU time is the callback's cost per step; the wall ratio also holds the machine's noise (a "
+          "run's step time varies by 10-15% on a shared VM).")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=2_000_000)
@@ -287,11 +429,17 @@ def main() -> None:
     ap.add_argument("--loader-repeat", type=int, default=15, help="runs of the DataLoader loops (0: no table 3)")
     ap.add_argument("--loader-workers", type=int, default=2)
     ap.add_argument("--loader-samples", type=int, default=4096, help="dataset size (2 epochs of batches of 64)")
+    ap.add_argument("--frameworks-repeat", type=int, default=5, help="runs of table 4 (0: no table 4)")
+    ap.add_argument("--frameworks-steps", type=int, default=500, help="training steps of one table-4 run")
+    ap.add_argument("--only-frameworks", action="store_true", help="table 4 alone")
     ap.add_argument("--out", type=Path, help="also write the output to this file, with a header")
     args = ap.parse_args()
     os.environ.pop("GANDIVA_TEST_CHECKPOINT_PAUSE", None)
     if args.out is not None:
         _tee(args.out)
+    if args.only_frameworks:
+        print_frameworks(args.frameworks_repeat, args.frameworks_steps)
+        return
 
     rows = bench_loop(args.iters, args.repeat)
     base = rows[0][1]
@@ -340,6 +488,9 @@ def main() -> None:
         if min(low for _, low in lows) < 0.98:
             print(f"  not resolved to 2%: the 2-s.e. interval reaches {min(low for _, low in lows):.3f} "
                   "(the machine's noise); more --loader-repeat runs narrow it")
+
+    if args.frameworks_repeat > 0:
+        print_frameworks(args.frameworks_repeat, args.frameworks_steps)
 
 
 def _tee(path: Path) -> None:
