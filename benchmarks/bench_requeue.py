@@ -406,8 +406,9 @@ def merged_results(path: Path, release: str, entry: dict[str, Any]) -> dict[str,
     except (OSError, ValueError):
         old = {}
     releases = old.get("releases") if isinstance(old.get("releases"), dict) else {}
-    releases[release] = entry
-    src_release = DEFAULT_RELEASE if DEFAULT_RELEASE in releases else release
+    key = ".".join(release.split(".")[:2])  # one entry per major release (24.11), its full version inside
+    releases[key] = {"slurm": release, **entry}
+    src_release = DEFAULT_RELEASE if DEFAULT_RELEASE in releases else key
     src = releases[src_release]
     first = next(iter(src["sizes"].values()))
     suspend_s = first["suspend"].get("signal_to_gpus_free_s")
