@@ -203,7 +203,9 @@ class GandivaCallback(pl.Callback):
             n = batch_samples(batch) * trainer.world_size
         self.job.batch_done(n)
         self.job.epoch = trainer.current_epoch
-        stop = self.job.flag
+        # Only where the optimizer stepped: accumulated gradients are not part of a checkpoint.
+        stop = self.job.flag and ((batch_idx + 1) % trainer.accumulate_grad_batches == 0
+                                  or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
         if trainer.world_size > 1:  # every rank must stop at the same batch: rank 0's or anyone's flag
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop:

@@ -109,6 +109,18 @@ def test_suspend_checkpoints_exits_75_and_resumes_to_the_uninterrupted_parameter
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
+def test_with_gradient_accumulation_the_suspend_waits_for_the_optimizer_step(tmp_path: Path) -> None:
+    ref, _ = run(tmp_path / "ref", accumulate_grad_batches=2)
+    state = tmp_path / "job"
+    with pytest.raises(SystemExit):
+        run(state, at=2, accumulate_grad_batches=2)  # signalled in batch 2: batch 3 completes the step
+    assert torch.load(state / gl.CHECKPOINT, weights_only=False)["gandiva"]["step"] == 4
+    resumed, _ = run(state, accumulate_grad_batches=2)
+    assert resumed.seen == ref.seen[4:]
+    assert all(torch.equal(a, b) for a, b in zip(params(ref.net), params(resumed.net), strict=True))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_lightning_slurm_auto_requeue_is_switched_off_and_never_takes_our_signal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
