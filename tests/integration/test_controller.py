@@ -559,9 +559,14 @@ def test_a_node_failure_requeues_the_job_and_it_finishes_on_the_other_node(  # t
     with contextlib.closing(env.store()) as store:
         check_history(store, [jid])
         sl = store.slices(job_ids=[jid])
-        assert sl[0].placement.nodes == (node,) and sl[0].end_reason is SliceEnd.REQUEUED, sl
+        # The round that sees the node down may catch the job before the requeue settles and move it
+        # itself (CI on 26.05: "inconsistent cluster: n1:3 is on down node n1", then a migrate): the slice
+        # then ends as a migrate. Either way it ends on the failed node and the job finishes on the other.
+        assert sl[0].placement.nodes == (node,), sl
+        assert sl[0].end_reason in (SliceEnd.REQUEUED, SliceEnd.MIGRATE), sl
         assert sl[-1].placement.nodes == (other,), sl
-    assert "requeued" in env.log_text()
+    log = env.log_text()
+    assert "requeued" in log or f"job {jid}: migrate -> running" in log
 
 
 def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(  # type: ignore[no-untyped-def]
