@@ -4,7 +4,6 @@ directory, progress.json and the exit into the held requeue. No framework is imp
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import signal
 import sys
@@ -15,7 +14,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from job_wrapper import checkpoint as ckpt
-from job_wrapper.api import _local_state_dir, rank_and_world_size
+from job_wrapper.api import _local_state_dir, exit_suspended, rank_and_world_size
 from job_wrapper.launcher import FAST_EXIT_ENV
 from job_wrapper.progress import Counters, ProgressReporter, append_event
 from slurm_gandiva.requeue.contract import (
@@ -137,12 +136,7 @@ class Suspender:
 
     def exit_suspended(self) -> NoReturn:
         self.close("suspended")
-        if self._fast_exit:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(int(ExitCode.SUSPENDED))
-        raise SystemExit(int(ExitCode.SUSPENDED))
+        exit_suspended(fast=self._fast_exit)
 
     def fail(self, message: str) -> NoReturn:
         self.event("error", message=message)

@@ -95,6 +95,17 @@ def init_distributed(backend: str = "gloo") -> tuple[int, int]:
     return rank, world
 
 
+def exit_suspended(*, fast: bool) -> NoReturn:
+    """End the training process with the suspended exit code; `fast` (under the wrapper) skips torch's
+    interpreter teardown with os._exit, after flushing stdout and stderr."""
+    if fast:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(int(ExitCode.SUSPENDED))
+    raise SystemExit(int(ExitCode.SUSPENDED))
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     """The global sample order of one epoch: depends on (n, seed, epoch) only, never on the world size."""
     import torch
@@ -574,12 +585,7 @@ class Session:
     def _suspend(self) -> None:
         self.save_checkpoint(reason="suspend")
         self._close("suspended")
-        if self._fast_exit:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(int(ExitCode.SUSPENDED))
-        raise SystemExit(int(ExitCode.SUSPENDED))
+        exit_suspended(fast=self._fast_exit)
 
     def finish(self) -> None:
         """Training is done (for loops of your own; batches() and loader() call it at their end): the final
