@@ -12,13 +12,12 @@ The uninterrupted reference runs outside Slurm through the same wrapper, at the 
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_requeue_cycle import WRAPPER, hash_of, starts, wait_finished, wait_training
+from test_requeue_cycle import WRAPPER, hash_of, starts, wait_finished, wait_training, wrapped_job_script
 
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, read_progress
@@ -34,19 +33,6 @@ RUNS = {
 }
 
 
-def job_script(job_dir: Path, cmd: list[str]) -> str:
-    """test_requeue_cycle's job script (as `gandiva sbatch` writes it) for another training command."""
-    wrapped = [WRAPPER, "--signal", "USR2", "--progress-interval", "0.3", "--", *cmd]
-    return (
-        "#!/bin/bash\n"
-        f'export GANDIVA_STATE_DIR={shlex.quote(str(job_dir))}/"$SLURM_JOB_ID"\n'
-        'mkdir -p -- "$GANDIVA_STATE_DIR"\n'
-        'echo "gandiva-test start restart=${SLURM_RESTART_COUNT:-0} node=$SLURMD_NODENAME '
-        'cvd=$CUDA_VISIBLE_DEVICES"\n'
-        f"exec {shlex.join(wrapped)}\n"
-    )
-
-
 @pytest.mark.parametrize("framework", sorted(RUNS))
 def test_framework_job_suspended_and_moved_gives_the_uninterrupted_hash(
     framework: str, slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str], tmp_path: Path
@@ -59,7 +45,7 @@ def test_framework_job_suspended_and_moved_gives_the_uninterrupted_hash(
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job_cmd = [*cmd, "--sleep-per-step", "0.1"] + (["--output-dir", str(job_dir / "hf-out")] if framework == "hf"
                                                    else [])
-    job_id = slurm.submit(SubmitRequest(job_script(job_dir, job_cmd), options=[
+    job_id = slurm.submit(SubmitRequest(wrapped_job_script(job_dir, job_cmd), options=[
         f"--comment={JOB_MARK}", f"--job-name={framework}", "--nodes=1", "--ntasks=1", "--cpus-per-task=1",
         "--mem=2G", f"--chdir={job_dir}", f"--output={job_dir}/%j.out"], as_user=test_user))
     cleanup_jobs.append(job_id)

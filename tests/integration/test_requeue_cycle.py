@@ -33,8 +33,13 @@ START_LINE = re.compile(r"^gandiva-test start restart=(\d+) node=(\S+) cvd=(\S*)
 
 
 def job_script(job_dir: Path, train_args: list[str]) -> str:
-    """A batch script like `gandiva sbatch` writes: state dir per job id, then exec the wrapper."""
-    cmd = [WRAPPER, "--signal", "USR2", "--progress-interval", "0.3", "--", sys.executable, TRAIN, *train_args]
+    """A batch script like `gandiva sbatch` writes for examples/train.py with `train_args`."""
+    return wrapped_job_script(job_dir, [sys.executable, TRAIN, *train_args])
+
+
+def wrapped_job_script(job_dir: Path, command: list[str]) -> str:
+    """A batch script like `gandiva sbatch` writes: state dir per job id, then exec the wrapper on `command`."""
+    cmd = [WRAPPER, "--signal", "USR2", "--progress-interval", "0.3", "--", *command]
     return (
         "#!/bin/bash\n"
         f'export GANDIVA_STATE_DIR={shlex.quote(str(job_dir))}/"$SLURM_JOB_ID"\n'
@@ -277,7 +282,7 @@ def test_a_requeued_jobs_old_gpu_indices_tie_it_as_the_capabilities_say(
     `GpuPool.find`): on 22.05 b, requeued from n1:1, released onto n1:2 stays pending while c holds n1:1;
     onto n2, where nobody holds a GPU 1, it starts at once. From 23.02.2 on it starts on n1:2 at once."""
     caps = slurm.capabilities()
-    script = "#!/bin/bash\nwhile true; do sleep 0.2; done\n"
+    script = "#!/bin/bash\necho started\nwhile true; do sleep 0.2; done\n"
 
     def held_job(name: str) -> str:
         jid = slurm.submit(
@@ -297,6 +302,10 @@ def test_a_requeued_jobs_old_gpu_indices_tie_it_as_the_capabilities_say(
     proto = RequeueProtocol(slurm, suspend_timeout=1.0, jobs_root=job_dir)
     assert proto.resume(a, on("n1", 0)).outcome is Outcome.RUNNING
     assert proto.resume(b, on("n1", 1)).outcome is Outcome.RUNNING
+    # RUNNING comes as Slurm allocates; a signal before the batch shell runs is another test's case
+    # (seen once on 24.11: b then stayed held as JobHeldUser after its release).
+    out = job_dir / f"{b}.out"
+    wait_for(lambda: out.exists() and "started" in out.read_text(), 30.0, what="b's batch shell")
     assert proto.suspend(b).outcome in (Outcome.SUSPENDED, Outcome.ESCALATED)
     assert proto.resume(c, on("n1", 1)).outcome is Outcome.RUNNING
     if not caps.requeue_keeps_gpu_indices:
