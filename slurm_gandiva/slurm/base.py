@@ -40,6 +40,8 @@ class SlurmJob:
     tres_per_node: str = ""
     work_dir: str = ""
     std_out: str = ""
+    array_id: str = ""  # the job array's id when this is one of its tasks (job_id is then "ARRAY_TASK")
+    array_max_tasks: int = 0  # the array's %MAX throttle: at most this many of its tasks run at once; 0: none
 
     @property
     def pending(self) -> bool:

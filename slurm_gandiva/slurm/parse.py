@@ -4,13 +4,18 @@ The one place that knows Slurm's field names. Tolerates the data_parser versions
 v0.0.45: job_state as a string or a list, numbers as plain ints or {"set", "infinite", "number"}
 objects, exit codes as raw wait statuses or {"status", "return_code", "signal"} objects, and sinfo's
 flat "nodes" list (<= 23.02) or grouped "sinfo" list (>= 23.11).
+
+Job arrays: every task is a job of its own named "ARRAY_TASK" (Slurm's notation; scontrol, scancel and
+squeue accept it). A task Slurm has split off (its own record) keeps its record; the array's pending
+meta record ("array_task_string" such as "1-2,4-5%2") becomes one pending job per task it still holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode
@@ -96,6 +101,33 @@ def expand_hostlist(expr: str) -> tuple[str, ...]:
             elif rng:
                 out.append(f"{prefix}{rng}{suffix}")
     return tuple(out)
+
+
+def parse_array_spec(spec: str) -> tuple[tuple[int, ...], int]:
+    """An array's task list as sbatch and squeue write it -> (task ids, %MAX or 0).
+
+    "0-11%4" -> ((0, ..., 11), 4); "[1-2,4-5%2]" -> ((1, 2, 4, 5), 2); "0-10:5" -> ((0, 5, 10), 0).
+    ValueError on anything else.
+    """
+    body = spec.strip().removeprefix("[").removesuffix("]")
+    limit = 0
+    if "%" in body:
+        body, _, lim = body.rpartition("%")
+        if not lim.isdigit():
+            raise ValueError(f"bad array throttle {lim!r}")
+        limit = int(lim)
+    out: set[int] = set()
+    for part in body.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part.strip())
+        if not m:
+            raise ValueError(f"bad array index {part!r}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        step = int(m.group(3)) if m.group(3) is not None else 1
+        if hi < lo or step < 1:
+            raise ValueError(f"bad array range {part!r}")
+        out.update(range(lo, hi + 1, step))
+    return tuple(sorted(out)), limit
 
 
 def parse_index_spec(spec: str) -> tuple[int, ...]:
@@ -290,13 +322,41 @@ def parse_job(raw: Mapping[str, Any]) -> SlurmJob:
     )
 
 
+def array_jobs(raw: Mapping[str, Any], job: SlurmJob) -> Iterator[SlurmJob]:
+    """`job` (parsed from `raw`) as the jobs it stands for: itself, or as array tasks named "ARRAY_TASK".
+
+    A task of its own record (array_task_id set) is one job; the pending meta record of the tasks not split
+    off yet is one job per task; a finished meta record that no longer says which tasks it held (all of
+    them cancelled together) stands for none: those tasks are gone from the queue.
+    """
+    array = number(raw.get("array_job_id"), 0)
+    if array <= 0:
+        yield job
+        return
+    limit = number(raw.get("array_max_tasks"), 0)
+    task = number(raw.get("array_task_id"), -1)
+    if raw.get("array_task_id") is not None and task >= 0 and task != _NO_VAL:
+        yield dataclasses.replace(job, job_id=f"{array}_{task}", array_id=str(array), array_max_tasks=limit)
+        return
+    try:
+        tasks, spec_limit = parse_array_spec(text(raw.get("array_task_string")))
+    except ValueError:
+        return
+    limit = limit or spec_limit
+    for t in tasks:
+        yield dataclasses.replace(job, job_id=f"{array}_{t}", array_id=str(array), array_max_tasks=limit)
+
+
+_NO_VAL = 0xFFFFFFFE  # Slurm's NO_VAL, which some releases print for an unset task id
+
+
 def parse_squeue(doc: Mapping[str, Any]) -> tuple[SlurmJob, ...]:
-    """squeue --json -> jobs (array/het job members are listed as Slurm lists them)."""
+    """squeue --json -> jobs; array tasks as "ARRAY_TASK" (see `array_jobs`)."""
     _raise_errors(doc, "squeue")
     jobs = doc.get("jobs")
     if not isinstance(jobs, list):
         raise ParseError("squeue --json has no 'jobs' list")
-    return tuple(parse_job(j) for j in jobs if isinstance(j, Mapping))
+    return tuple(job for j in jobs if isinstance(j, Mapping) for job in array_jobs(j, parse_job(j)))
 
 
 def _node(raw: Mapping[str, Any]) -> SlurmNode:

@@ -50,6 +50,7 @@ import signal as _signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
@@ -318,7 +319,7 @@ class PyslurmBackend:
         jid = _job_id(job_id)
         if "_" in jid:
             return self.cli.job(jid)  # an array task named as A_T: squeue resolves it
-        return self._convert([self._load_one(jid)])[0]
+        return self._convert([self._load_one(jid)])[0]  # a task's own numeric id reads as its A_T
 
     def _load_one(self, jid: str) -> Any:
         """pyslurm.Job.load (slurm_load_job: this job alone); UnknownJob as the CLI backend words it."""
@@ -333,21 +334,41 @@ class PyslurmBackend:
             raise err from None
 
     def _convert(self, raws: Iterable[Any]) -> tuple[SlurmJob, ...]:
-        out: list[SlurmJob | None] = []
-        ask: dict[int, str] = {}  # position -> job id, for the jobs squeue must complete
+        out: list[tuple[SlurmJob, ...] | None] = []
+        # position -> (Slurm's id of the record, the names it stands for), for the records squeue must complete
+        ask: dict[int, tuple[str, tuple[str, ...]]] = {}
         for raw in raws:
-            job = self._job(raw)
-            if job is None:
-                ask[len(out)] = str(raw.id)
-            out.append(job)
+            names = array_names(raw)
+            job = self._job(raw) if names is not None else None
+            if job is None or names is None:
+                array = _num(raw.array_id)
+                # pyslurm reads task 0 as "no task": such a record is task 0 or a finished meta record
+                ask[len(out)] = (str(raw.id), names if names is not None else (f"{array}_0",))
+                out.append(None)
+            elif not names:
+                out.append((job,))
+            else:
+                limit = _num(raw.array_tasks_parallel)
+                array_id = str(_num(raw.array_id))
+                out.append(tuple(replace(job, job_id=n, array_id=array_id, array_max_tasks=limit) for n in names))
         if ask:
-            by_id = {j.job_id: j for j in self._cli_jobs(sorted(set(ask.values()), key=int))}
-            for pos, jid in ask.items():
+            by_id = {j.job_id: j for j in self._cli_jobs(sorted({i for i, _ in ask.values()}, key=int))}
+            for pos, (jid, names) in ask.items():
+                if names:
+                    out[pos] = tuple(by_id[n] for n in names if n in by_id)
+                    continue
                 got = by_id.get(jid)
                 if got is None:  # gone between the two queries: read it once more alone
                     got = self.cli.job(jid)
-                out[pos] = got
-        return tuple(j for j in out if j is not None)
+                out[pos] = (got,)
+        seen: set[str] = set()
+        jobs: list[SlurmJob] = []
+        for group in out:
+            for j in group or ():
+                if j.job_id not in seen:  # squeue lists a task once more when asked for its array's record
+                    seen.add(j.job_id)
+                    jobs.append(j)
+        return tuple(jobs)
 
     def _cli_jobs(self, ids: list[str]) -> tuple[SlurmJob, ...]:
         """The given jobs from squeue --json (one call)."""
@@ -428,9 +449,8 @@ class PyslurmBackend:
 
     # ----- actions -----
     def _handle(self, jid: str) -> Any:
-        """A pyslurm Job handle for actions (no query); A_T array ids are resolved to the task's job id."""
-        if "_" in jid:
-            jid = self.job(jid).job_id
+        """A pyslurm Job handle for actions (no query). Array tasks ("A_T") never come here: a task not split
+        off its array has no job id of its own, so their actions go through the CLI, which names them A_T."""
         return self._ps.Job(int(jid))
 
     def _act(self, what: str, action: Callable[[], object]) -> None:
@@ -452,6 +472,9 @@ class PyslurmBackend:
         except AttributeError:
             raise InvalidRequest(f"bad signal name {signal_name!r}: use a name like USR2") from None
         jid = _job_id(job_id)
+        if "_" in jid:
+            self.cli.signal(jid, sig, batch_only=batch_only)
+            return
         job = self._handle(jid)
         what = f"signal {sig} to job {jid}"
         try:
@@ -466,17 +489,26 @@ class PyslurmBackend:
 
     def requeue_hold(self, job_id: str) -> None:
         jid = _job_id(job_id)
+        if "_" in jid:
+            self.cli.requeue_hold(jid)
+            return
         job = self._handle(jid)
         self._act(f"requeuehold job {jid}", lambda: job.requeue(hold=True))
 
     def hold(self, job_id: str) -> None:
         """priority 0 (an admin hold when the caller is root / SlurmUser), as `scontrol hold`."""
         jid = _job_id(job_id)
+        if "_" in jid:
+            self.cli.hold(jid)
+            return
         job = self._handle(jid)
         self._act(f"hold job {jid}", job.hold)
 
     def release(self, job_id: str) -> None:
         jid = _job_id(job_id)
+        if "_" in jid:
+            self.cli.release(jid)
+            return
         job = self._handle(jid)
         self._act(f"release job {jid}", job.release)
 
@@ -486,6 +518,9 @@ class PyslurmBackend:
         if not fields:
             return
         jid = _job_id(job_id)
+        if "_" in jid:
+            self.cli.update(jid, **fields)
+            return
         changes: dict[str, Any] = {}
         other: dict[str, str] = {}
         gres: str | None = None
@@ -552,7 +587,7 @@ class PyslurmBackend:
         """As scancel JOB: a job that already finished counts as cancelled, an unknown one is UnknownJob
         (pyslurm's own cancel passes it over). As another user: `scancel` run as that user."""
         jid = _job_id(job_id)
-        if as_user is not None:
+        if as_user is not None or "_" in jid:
             self.cli.cancel(jid, as_user=as_user)
             return
         job = self.job(jid)  # UnknownJob, as scancel says "Invalid job id specified"
@@ -560,6 +595,26 @@ class PyslurmBackend:
             return
         handle = self._ps.Job(int(job.job_id))
         self._act(f"cancel job {jid}", handle.cancel)
+
+
+def array_names(raw: Any) -> tuple[str, ...] | None:
+    """The jobs a pyslurm Job record stands for, as `parse.array_jobs` names them: () for a job that is no
+    array task (its own id), ("A_T",) for a task, one name per task for the array's pending meta record; None
+    where pyslurm cannot tell (it reads task 0 as no task: task 0, or a finished meta record)."""
+    array = _num(raw.array_id)
+    if array <= 0:
+        return ()
+    task = raw.array_task_id
+    if task is not None:
+        return (f"{array}_{_num(task)}",)
+    waiting = _text(raw.array_tasks_waiting)
+    if not waiting:
+        return None
+    try:
+        tasks, _ = parse.parse_array_spec(waiting)
+    except ValueError:
+        return None
+    return tuple(f"{array}_{t}" for t in tasks)
 
 
 def _modify_value(field: str, value: str, clock: Callable[[], float]) -> Any:
