@@ -186,11 +186,16 @@ def load(files: JobFiles) -> LoadedCheckpoint | None:
 
 def job_identity(env: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """This job's identity ({"job_id", "submitted"}) from $SLURM_JOB_ID and $GANDIVA_JOB_SUBMITTED (the job
-    script of `gandiva sbatch` exports it; "" for a plain sbatch job); None outside Slurm."""
+    script of `gandiva sbatch` exports it; "" for a plain sbatch job); None outside Slurm. A job array's task
+    is "ARRAY_TASK", as the controller, its spec and its state directory name it (its numeric job id is the
+    one Slurm gave it when the task was split off the array)."""
     env = os.environ if env is None else env
     job_id = env.get("SLURM_JOB_ID", "").strip()
     if not job_id:
         return None
+    array, task = env.get("SLURM_ARRAY_JOB_ID", "").strip(), env.get("SLURM_ARRAY_TASK_ID", "").strip()
+    if array and task:
+        job_id = f"{array}_{task}"
     return {"job_id": job_id, "submitted": env.get(JOB_SUBMITTED_ENV, "").strip()}
 
 

@@ -16,7 +16,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -25,14 +25,16 @@ from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.contract import JOB_MARK, StateDirError, ensure_state_dir
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmNode, SubmitRequest
 from slurm_gandiva.submit.request import (
+    ARRAY_ENV,
     USAGE,
     ClusterLimits,
     SbatchRequest,
+    array_tasks,
     check_environment,
     parse_request,
     validate,
 )
-from slurm_gandiva.submit.spec import SubmitSpec, write_spec
+from slurm_gandiva.submit.spec import SubmitSpec, write_spec, write_specs
 
 DEFAULT_JOBS_ROOT = "/var/lib/gandiva/jobs"
 SYSTEM_CONFIG = "/etc/gandiva/gandiva.conf"
@@ -147,6 +149,8 @@ def sbatch_options(req: SbatchRequest, name: str) -> list[str]:
     opts = list(req.sbatch_options)
     if req.job_name is None:
         opts.append(f"--job-name={name}")
+    if req.array is not None:
+        opts.append(f"--array={req.array}")
     opts += [
         f"--comment={JOB_MARK}",
         "--hold",
@@ -182,7 +186,9 @@ def submit(
     stderr: TextIO | None = None,
 ) -> str:
     """Validate, render, sbatch (held, marked), make the job's state directory, write the spec file; returns
-    the job id.
+    the job id. A job array (--array, or sbatch's $SBATCH_ARRAY_INX) is one sbatch; each task "ARRAY_TASK"
+    is a managed job of its own with its own state directory and spec, made here without a Slurm call per
+    task; the array's id is returned.
 
     Nothing reaches Slurm unless validation passed. The state directory <jobs root>/<job id> is made mode
     0700 by the submitting user while the job is held; one that exists and belongs to another user (planted
@@ -192,6 +198,9 @@ def submit(
     from slurm_gandiva.submit.render import render_script, signal_name
 
     check_environment(env)
+    if req.array is None and env.get(ARRAY_ENV):
+        req = replace(req, array=env[ARRAY_ENV])
+    tasks = array_tasks(req.array)[0] if req.array is not None else None
     paths = resolve_paths(req, env)
     topology = None
     if paths.topology is not None:
@@ -224,17 +233,23 @@ def submit(
         except GandivaError as cancel_exc:
             print(f"gandiva: warning: could not cancel job {job_id}: {cancel_exc}", file=stderr or sys.stderr)
 
+    ids = [f"{job_id}_{t}" for t in tasks] if tasks is not None else [job_id]
+    what = f"job array {job_id} (all {len(ids)} tasks)" if tasks is not None else f"job {job_id}"
     try:
-        ensure_state_dir(paths.jobs_root / job_id)
+        for jid in ids:
+            ensure_state_dir(paths.jobs_root / jid)
     except StateDirError as exc:
         cancel()
-        raise BadRequest(f"{exc}; job {job_id} was cancelled") from None
+        raise BadRequest(f"{exc}; {what} was cancelled") from None
     try:
-        write_spec(paths.jobs_root, spec.with_job_id(job_id))
+        if tasks is None:
+            write_spec(paths.jobs_root, spec.with_job_id(job_id))
+        else:
+            write_specs(paths.jobs_root, (spec.with_job_id(jid) for jid in ids))
     except OSError as exc:
         cancel()
         raise BadRequest(
-            f"could not write the job spec under {paths.jobs_root} ({exc.strerror}); job {job_id} was "
+            f"could not write the job spec under {paths.jobs_root} ({exc.strerror}); {what} was "
             "cancelled: check that the jobs root is writable (mode 1777)"
         ) from None
     return job_id

@@ -19,8 +19,10 @@ from slurm_gandiva.requeue.contract import suspend_signal
 
 USAGE = (
     "usage: gandiva sbatch [sbatch options] [--gpus N | --gpus MIN:MAX] [--model NAME] "
-    "[--total-samples N] [--signal SIG] [--jobs-root DIR] [--topology FILE] [--parsable] -- CMD [ARGS...]"
+    "[--total-samples N] [--signal SIG] [--jobs-root DIR] [--topology FILE] [--array SPEC[%MAX]] [--parsable] "
+    "-- CMD [ARGS...]"
 )
+ARRAY_ENV = "SBATCH_ARRAY_INX"  # sbatch reads --array from it
 
 # sbatch options the controller manages: a user may not set them, however sbatch would spell them.
 _MANAGED_LONG = {
@@ -38,11 +40,9 @@ _MANAGED_LONG = {
     "--open-mode": "managed jobs always append to their output (they run in several slices)",
     "--signal": "use gandiva sbatch --signal SIG for the wrapper's suspend signal",
     "--wrap": "give the command after --",
-    "--array": "job arrays are not supported: submit one job per command",
     "--wait": "a managed job is held until the controller starts it: follow it with gandiva squeue",
 }
-_MANAGED_SHORT = {"-G": "--gpus", "-w": "--nodelist", "-F": "--nodefile", "-N": "--nodes", "-a": "--array",
-                  "-W": "--wait"}
+_MANAGED_SHORT = {"-G": "--gpus", "-w": "--nodelist", "-F": "--nodefile", "-N": "--nodes", "-W": "--wait"}
 
 
 class _Arg(enum.Enum):
@@ -85,7 +85,7 @@ _OURS_WITH_VALUE = ("--gpus", "--model", "--total-samples", "--signal", "--jobs-
 _MANAGED_ENV = {
     "SBATCH_GRES": "--gres", "SBATCH_GPUS": "--gpus", "SBATCH_GPUS_PER_NODE": "--gpus-per-node",
     "SBATCH_GPUS_PER_TASK": "--gpus-per-task", "SBATCH_GPUS_PER_SOCKET": "--gpus-per-socket",
-    "SBATCH_TRES_PER_TASK": "--tres-per-task", "SBATCH_SIGNAL": "--signal", "SBATCH_ARRAY_INX": "--array",
+    "SBATCH_TRES_PER_TASK": "--tres-per-task", "SBATCH_SIGNAL": "--signal",
     "SBATCH_WAIT": "--wait", "SBATCH_NODELIST": "--nodelist",
 }
 
@@ -160,6 +160,26 @@ class SbatchRequest:
     partition: str | None = None
     job_name: str | None = None
     help: bool = False
+    array: str | None = None  # --array SPEC[%MAX] as given (a job array: one managed job per task)
+
+
+def array_tasks(spec: str) -> tuple[tuple[int, ...], int]:
+    """An --array SPEC[%MAX] -> (task ids, MAX or 0); BadRequest (one line) for one sbatch would refuse or
+    that could never run (no task, a throttle of 0)."""
+    from slurm_gandiva.slurm.parse import parse_array_spec
+
+    try:
+        if spec.strip().startswith("["):
+            raise ValueError("brackets")
+        tasks, limit = parse_array_spec(spec)
+    except ValueError:
+        raise BadRequest(
+            f"--array {spec!r}: give task ids as sbatch takes them, e.g. --array=0-99%16, --array=1,3,5 or "
+            "--array=0-30:10"
+        ) from None
+    if "%" in spec and limit < 1:
+        raise BadRequest(f"--array {spec!r}: %0 would never run a task; give %MAX >= 1, or no %MAX")
+    return tasks, limit
 
 
 @dataclass(frozen=True)
@@ -191,6 +211,7 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
     passthrough: list[str] = []
     partition: str | None = None
     job_name: str | None = None
+    array: str | None = None
     i = 0
 
     def value(name: str, inline: str | None) -> str:
@@ -217,6 +238,10 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
             if option in _MANAGED_LONG:
                 spelled = option if name == option else f"{name} ({option})"
                 raise BadRequest(f"sbatch option {spelled} is managed by gandiva: {_MANAGED_LONG[option]}")
+            if option == "--array":  # passed on as --array=SPEC by gandiva (sbatch_options)
+                array = value(name, inline)
+                i += 1
+                continue
             if option not in ("--requeue", "--hold"):  # we always add these ourselves
                 passthrough.append(tok)
             if _SBATCH_LONG.get(option) is _Arg.REQUIRED and inline is None:
@@ -228,6 +253,10 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
             elif option == "--job-name":
                 job_name = inline
         elif tok.startswith("-") and len(tok) >= 2:
+            if tok.startswith("-a"):  # -a SPEC / -aSPEC: the array (a bundle like -va stays sbatch's)
+                array = tok[2:] or value("-a", None)
+                i += 1
+                continue
             passthrough.append(tok)
             # Bundled short options, as getopt reads them: flags until one that takes a value, which takes
             # the rest of the word (or the next word), e.g. -vN2 is -v -N 2, -wn2 is -w n2.
@@ -237,6 +266,9 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
                     long = _MANAGED_SHORT[letter]
                     shown = letter if tok == letter else f"{letter} in {tok}"
                     raise BadRequest(f"sbatch option {shown} ({long}) is managed by gandiva: {_MANAGED_LONG[long]}")
+                if letter == "-a":
+                    raise BadRequest(f"sbatch option -a in {tok} (--array): give the array on its own, "
+                                     "e.g. --array=0-99%16")
                 if tok[k] in _SHORT_WITH_VALUE:
                     v = tok[k + 1 :]
                     if not v:
@@ -252,6 +284,8 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
         i += 1
     if "help" in flags:
         return SbatchRequest(command=command, help=True)
+    if array is not None:
+        array_tasks(array)
     total: int | None = None
     if "--total-samples" in ours:
         try:
@@ -278,6 +312,7 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
         sbatch_options=tuple(passthrough),
         partition=partition,
         job_name=job_name,
+        array=array,
     )
 
 

@@ -35,6 +35,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -178,6 +179,31 @@ def write_spec(jobs_root: str | os.PathLike[str], spec: SubmitSpec) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return final
+
+
+def write_specs(jobs_root: str | os.PathLike[str], specs: Iterable[SubmitSpec]) -> None:
+    """Write many spec files (a job array's tasks) as `write_spec` does, but with one fsync of the spec
+    directory instead of one per file: 10,000 of them take about a second, not minutes. A crash before the
+    directory's fsync may lose specs of a job that is still held (the controller then waits for them)."""
+    d = ensure_spec_dir(jobs_root)
+    for spec in specs:
+        final = spec_path(jobs_root, spec.job_id)
+        tmp = d / f".{spec.job_id}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # the umask cut the mode
+            os.write(fd, (spec.to_json() + "\n").encode())
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        os.replace(tmp, final)
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def load_spec(jobs_root: str | os.PathLike[str], job_id: str, owner: str | None = None) -> SubmitSpec | None:

@@ -129,3 +129,19 @@ def test_rng_capture_and_restore_reproduce_all_streams() -> None:
     torch.manual_seed(0)
     ckpt.restore_rng(rng)
     assert (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3).tolist()) == first
+
+
+def test_an_array_task_is_named_array_task_in_its_checkpoints() -> None:
+    """A task's checkpoint names it "ARRAY_TASK", as the controller, its spec and its state directory do (its
+    numeric job id is whatever Slurm gave it when the task was split off the array)."""
+    first = ckpt.job_identity({"SLURM_JOB_ID": "50", "SLURM_ARRAY_JOB_ID": "50", "SLURM_ARRAY_TASK_ID": "7",
+                               "GANDIVA_JOB_SUBMITTED": "5.0"})
+    later = ckpt.job_identity({"SLURM_JOB_ID": "61", "SLURM_ARRAY_JOB_ID": "50", "SLURM_ARRAY_TASK_ID": "7",
+                               "GANDIVA_JOB_SUBMITTED": "5.0"})
+    assert first == later == {"job_id": "50_7", "submitted": "5.0"}
+    ckpt.check_identity({"job": first}, later, "checkpoint.pt", Path("/r"))
+    other = ckpt.job_identity({"SLURM_JOB_ID": "62", "SLURM_ARRAY_JOB_ID": "50", "SLURM_ARRAY_TASK_ID": "8",
+                               "GANDIVA_JOB_SUBMITTED": "5.0"})
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.check_identity({"job": first}, other, "checkpoint.pt", Path("/r"))
+    assert ckpt.job_identity({"SLURM_JOB_ID": "57"}) == {"job_id": "57", "submitted": ""}
