@@ -28,6 +28,7 @@ from types import FrameType
 from typing import Any
 
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult, JobSignals, ProtocolLike
+from slurm_gandiva.controller.arrays import throttle_arrays
 from slurm_gandiva.controller.config import ControllerConfig, load_config
 from slurm_gandiva.controller.observe import (
     JobInputs,
@@ -349,6 +350,7 @@ class Controller:
             if errs:
                 log.error("Slurm shows an inconsistent cluster: %s", "; ".join(errs))
             plan = spare_finishing(self.policy.decide(view, view.now), view, obs.progress)
+            plan = throttle_arrays(plan, view, obs.managed)
             plan = self._without_backoff(plan, view.now)
             if self.config.round_log is not None:
                 log_round(self.config.round_log, view, plan, int(self.config.round_log_max_mb * 1e6))
