@@ -30,7 +30,8 @@ def register(sub: Any) -> None:
     q.add_argument("--json", action="store_true", help="JSON output")
     q.set_defaults(func=cmd_squeue)
 
-    c = sub.add_parser("cancel", help="cancel your own managed job (root may cancel any)")
+    c = sub.add_parser("cancel", help="cancel your own managed job, a job array (ARRAY) or one of its tasks "
+                       "(ARRAY_TASK); root may cancel any")
     c.add_argument("job_ids", nargs="+", metavar="JOB")
     c.add_argument("--config", "-c", help="config file (for SLURM_CONF; optional)")
     c.set_defaults(func=cmd_cancel)
@@ -253,12 +254,24 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf is not None else None
     backend = make_backend(env)
     caller, uid = caller_name(), os.getuid()
-    jobs = {j.job_id: j for j in backend.jobs()}
+    listed = backend.jobs()
+    jobs = {j.job_id: j for j in listed}
     rc = 0
     for jid in args.job_ids:
         job = jobs.get(jid)
-        if job is None:
+        tasks = [j for j in listed if j.array_id == jid] if job is None else []
+        if job is None and not tasks:
             raise UnknownJob(f"no job {jid} in Slurm's queue: check the id with `gandiva squeue`")
+        if tasks:  # a job array: all its tasks are its submitter's; one scancel cancels them all
+            check_owner(tasks[0].user, jid, caller, uid)
+            live = [t for t in tasks if not t.finished]
+            if not live:
+                print(f"gandiva: job array {jid} already ended: nothing to cancel", file=sys.stderr)
+                continue
+            backend.cancel(jid)
+            print(f"cancelled job array {jid} ({len(live)} of its {len(tasks)} tasks were still queued or running)")
+            continue
+        assert job is not None
         check_owner(job.user, jid, caller, uid)
         if job.finished:
             print(f"gandiva: job {jid} already ended {job.state}: nothing to cancel", file=sys.stderr)

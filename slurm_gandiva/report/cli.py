@@ -8,7 +8,7 @@ import pwd
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slurm_gandiva.errors import BadRequest
 
@@ -46,6 +46,15 @@ def _db_options(p: argparse.ArgumentParser) -> None:
 
 def _split(text: str | None) -> list[str] | None:
     return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
+
+
+def with_array_tasks(store: Any, ids: list[str] | None, users: list[str] | None) -> list[str] | None:
+    """`ids` with every task ARRAY_T of each ARRAY among them, as sacct -j ARRAY lists a whole job array."""
+    if ids is None or all("_" in i for i in ids):
+        return ids
+    arrays = {i for i in ids if "_" not in i}
+    tasks = [j.job_id for j in store.list_jobs(users=users) if j.job_id.split("_", 1)[0] in arrays and "_" in j.job_id]
+    return list(dict.fromkeys([*ids, *tasks]))
 
 
 def visible_users(requested: Sequence[str] | None, euid: int, me: str) -> list[str] | None:
@@ -96,7 +105,8 @@ def cmd_sacct(args: argparse.Namespace) -> int:
     euid, me = _caller()
     users = visible_users(_split(args.users), euid, me)
     with _open_store(args) as store:
-        slices = store.slices(job_ids=_split(args.jobs), users=users, start=start, end=end)
+        ids = with_array_tasks(store, _split(args.jobs), users)
+        slices = store.slices(job_ids=ids, users=users, start=start, end=end)
     if args.json:
         out = sacct.render_json(slices, now)
     elif args.parsable2:
@@ -120,6 +130,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         topology = read_topology(args.topology)
     with _open_store(args) as store:
+        ids = with_array_tasks(store, ids, users)
         slices = store.slices(job_ids=ids, users=users)
         jobs = [j for j in store.list_jobs(users=users) if ids is None or j.job_id in ids]
     if args.gantt:

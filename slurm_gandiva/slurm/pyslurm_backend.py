@@ -319,7 +319,10 @@ class PyslurmBackend:
         jid = _job_id(job_id)
         if "_" in jid:
             return self.cli.job(jid)  # an array task named as A_T: squeue resolves it
-        return self._convert([self._load_one(jid)])[0]  # a task's own numeric id reads as its A_T
+        found = self._convert([self._load_one(jid)])  # a task's own numeric id reads as its A_T
+        if not found:  # a job array's record that stands for no task any more
+            raise UnknownJob(f"job {jid} not found: check the id with `squeue` (finished jobs vanish after MinJobAge)")
+        return found[0]
 
     def _load_one(self, jid: str) -> Any:
         """pyslurm.Job.load (slurm_load_job: this job alone); UnknownJob as the CLI backend words it."""
@@ -591,6 +594,9 @@ class PyslurmBackend:
             self.cli.cancel(jid, as_user=as_user)
             return
         job = self.job(jid)  # UnknownJob, as scancel says "Invalid job id specified"
+        if job.array_id:  # a job array (its id) or a task by its own id: scancel knows both
+            self.cli.cancel(jid)
+            return
         if job.finished:
             return
         handle = self._ps.Job(int(job.job_id))
