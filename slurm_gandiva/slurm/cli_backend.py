@@ -9,6 +9,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from slurm_gandiva.errors import (
     InvalidRequest,
@@ -46,6 +47,17 @@ _DENIED = (
 )
 _ALREADY_DONE = ("already completing or completed", "job is already finished")
 _FIELD = re.compile(r"[A-Za-z][A-Za-z_]*")
+# `squeue -O` fields that change whenever anything the controller reads of a job changes. None of them is
+# free text a user chooses (no name, comment or paths), so a line cannot be forged by a job: each line is
+# only a fingerprint, and the job itself is read from squeue --json when its fingerprint changes. Not the
+# priority: multifactor priorities change every pending job each PriorityCalcPeriod; a hold or release
+# changes the Reason.
+_FINGERPRINT = (
+    "JobID", "ArrayJobID", "ArrayTaskID", "State", "Reason", "UserName", "Partition", "SubmitTime", "StartTime",
+    "EndTime", "RestartCnt", "NodeList", "ReqNodes", "tres-per-node", "exit_code",
+)
+# Above this share of changed jobs one unfiltered squeue --json is cheaper than a long --jobs= list.
+_FULL_READ_SHARE = 0.25
 
 
 def _classify(what: str, stderr: str, rc: int) -> SlurmError:
@@ -79,6 +91,8 @@ class CliBackend:
         self.timeout = timeout
         self._clock = clock
         self._caps = capabilities
+        # job id (Slurm's own, one per record) -> (its fingerprint line, the jobs its JSON record stands for)
+        self._known: dict[str, tuple[str, tuple[SlurmJob, ...]]] = {}
 
     # ----- plumbing -----
     def _run(
@@ -152,9 +166,77 @@ class CliBackend:
             raise SlurmError(f"{exc}: report this with your Slurm version (`sinfo --version`)") from None
 
     def snapshot(self) -> Snapshot:
-        jobs = self.jobs()
+        """Every job and node. Jobs come from a cheap `squeue -O` listing of fingerprints; squeue --json is
+        asked only for the jobs whose fingerprint changed since the last snapshot (every job, where Slurm's
+        squeue --json ignores filters), the others are the jobs parsed then. At 10,000 jobs the listing
+        takes 0.2 s where squeue --json takes 6 s and prints 77 MB."""
+        jobs = self._current_jobs()
         nodes = self.nodes()
         return Snapshot(jobs=jobs, nodes=nodes, taken_at=self._clock())
+
+    def _current_jobs(self) -> tuple[SlurmJob, ...]:
+        listing = self._fingerprints()
+        if listing is None:
+            return self._read_all(None)
+        changed = [rid for rid, line in listing.items() if self._known.get(rid, ("",))[0] != line]
+        if changed:
+            if not self.capabilities().squeue_json_filters or len(changed) > _FULL_READ_SHARE * len(listing):
+                return self._read_all(listing)
+            records = self._squeue_records(f"--jobs={','.join(changed)}")
+            fresh = {rid: rec for rid, rec in records.items() if rid in listing}
+            if not fresh.keys() >= set(changed):  # gone between the two calls: one consistent read instead
+                return self._read_all(None)
+            for rid, rec in fresh.items():
+                self._known[rid] = (listing[rid], self._parse_records([rec]))
+        for rid in self._known.keys() - listing.keys():
+            del self._known[rid]
+        return tuple(j for rid in listing for j in self._known[rid][1])
+
+    def _read_all(self, listing: Mapping[str, str] | None) -> tuple[SlurmJob, ...]:
+        """Every job from one squeue --json; remembered under `listing`'s fingerprints when given (a record
+        the listing did not have is remembered with none: read again next time)."""
+        records = self._squeue_records()
+        self._known = {
+            rid: ((listing or {}).get(rid, ""), self._parse_records([rec])) for rid, rec in records.items()
+        }
+        return tuple(j for entry in self._known.values() for j in entry[1])
+
+    def _fingerprints(self) -> dict[str, str] | None:
+        """Job id -> its `squeue -O` line, in squeue's order; None if a line cannot be read (then the
+        caller reads everything as JSON)."""
+        fmt = ",".join(f"{f}:|" for f in _FINGERPRINT)
+        out = self._run(["squeue", "--noheader", "--states=all", f"--Format={fmt}"], "squeue")
+        listing: dict[str, str] = {}
+        for line in out.splitlines():
+            rid = line.split("|", 1)[0].strip()
+            if not rid.isdigit():
+                return None
+            listing[rid] = line
+        return listing
+
+    def _squeue_records(self, *filters: str) -> dict[str, Mapping[str, Any]]:
+        """squeue --json's job records by job id, unparsed ({} when a filter names no job Slurm knows)."""
+        out = self._run(["squeue", "--json", "--states=all", *filters], "squeue")
+        try:
+            doc = parse.load_json(out, "squeue")
+            parse.parse_squeue({**doc, "jobs": []})  # Slurm's reported errors, and the shape, only
+        except parse.SlurmQueryError as exc:
+            if filters and any(s in str(exc).lower() for s in _UNKNOWN_JOB):
+                return {}
+            raise SlurmUnreachable(f"{exc}: is slurmctld running? try `gandiva devcluster status`") from None
+        except parse.ParseError as exc:
+            raise SlurmError(f"{exc}: report this with your Slurm version (`squeue --version`)") from None
+        jobs = doc.get("jobs")
+        if not isinstance(jobs, list):
+            raise SlurmError("squeue --json has no 'jobs' list: report this with your Slurm version")
+        return {str(parse.number(r.get("job_id"), 0)): r for r in jobs if isinstance(r, Mapping)}
+
+    @staticmethod
+    def _parse_records(records: Sequence[Mapping[str, Any]]) -> tuple[SlurmJob, ...]:
+        try:
+            return parse.parse_squeue({"jobs": list(records)})
+        except parse.ParseError as exc:
+            raise SlurmError(f"{exc}: report this with your Slurm version (`squeue --version`)") from None
 
     def job(self, job_id: str) -> SlurmJob:
         job_id = _job_id(job_id)

@@ -1,0 +1,145 @@
+"""CliBackend.snapshot(): squeue --json only for the jobs whose `squeue -O` fingerprint changed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities
+from slurm_gandiva.slurm.cli_backend import CliBackend
+
+
+class FakeSlurm:
+    """Answers the backend's commands from a dict of job records; logs every squeue call."""
+
+    def __init__(self, release: tuple[int, int, int] = (24, 11, 5)) -> None:
+        self.jobs: dict[int, dict[str, Any]] = {}
+        self.calls: list[str] = []
+        self.release = release
+        self.vanish_after_listing: set[int] = set()
+
+    def add(self, job_id: int, state: str = "PENDING", **extra: Any) -> None:
+        self.jobs[job_id] = {"job_id": job_id, "job_state": state, "state_reason": "JobHeldAdmin", **extra}
+
+    def run(self, argv: Sequence[str], what: str, **_kw: Any) -> str:
+        if argv[0] == "sinfo":
+            return json.dumps({"nodes": [], "errors": []})
+        assert argv[0] == "squeue", argv
+        self.calls.append(" ".join(argv[1:]))
+        if any(a.startswith("--Format=") for a in argv):
+            out = "".join(
+                f"{jid}|{r['job_state']}|{r['state_reason']}|{r.get('restart_cnt', 0)}|\n"
+                for jid, r in self.jobs.items()
+            )
+            for jid in self.vanish_after_listing:
+                self.jobs.pop(jid, None)
+            return out
+        wanted = next((a.removeprefix("--jobs=") for a in argv if a.startswith("--jobs=")), None)
+        recs = list(self.jobs.values())
+        if wanted is not None and self.release >= (23, 2, 0):
+            ids = {int(x) for x in wanted.split(",")}
+            recs = [r for r in recs if r["job_id"] in ids]
+        return json.dumps({"jobs": recs, "errors": []})
+
+
+def backend(fake: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> CliBackend:
+    b = CliBackend(capabilities=SlurmCapabilities.for_release(fake.release))
+    monkeypatch.setattr(b, "_run", fake.run)
+    return b
+
+
+def states(jobs: Sequence[Any]) -> Mapping[str, str]:
+    return {j.job_id: j.state for j in jobs}
+
+
+def json_calls(fake: FakeSlurm) -> list[str]:
+    return [c for c in fake.calls if "--json" in c]
+
+
+def test_only_changed_jobs_are_read_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    for jid in range(1, 21):
+        fake.add(jid)
+    b = backend(fake, monkeypatch)
+    assert len(b.snapshot().jobs) == 20
+    assert json_calls(fake) == ["--json --states=all"]  # the first snapshot reads everything
+    fake.calls.clear()
+    assert len(b.snapshot().jobs) == 20
+    assert json_calls(fake) == []  # nothing changed: the listing alone
+    fake.jobs[3]["job_state"] = "RUNNING"
+    fake.add(21)
+    del fake.jobs[7]
+    snap = b.snapshot()
+    assert json_calls(fake) == ["--json --states=all --jobs=3,21"]
+    got = states(snap.jobs)
+    assert got["3"] == "RUNNING" and "21" in got and "7" not in got and len(got) == 20
+    assert [j.job_id for j in snap.jobs] == [str(k) for k in fake.jobs]  # squeue's order
+
+
+def test_a_change_not_in_the_fingerprint_fields_is_not_reread(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    fake.add(1, name="a")
+    b = backend(fake, monkeypatch)
+    b.snapshot()
+    fake.jobs[1]["name"] = "renamed"  # a name is no fingerprint field: the record parsed before stands
+    assert b.snapshot().jobs[0].name == "a"
+    fake.jobs[1]["restart_cnt"] = 1
+    assert b.snapshot().jobs[0].name == "renamed"
+
+
+def test_many_changes_read_everything_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    for jid in range(1, 9):
+        fake.add(jid)
+    b = backend(fake, monkeypatch)
+    b.snapshot()
+    fake.calls.clear()
+    for jid in (1, 2, 3):
+        fake.jobs[jid]["job_state"] = "RUNNING"
+    assert states(b.snapshot().jobs)["3"] == "RUNNING"
+    assert json_calls(fake) == ["--json --states=all"]
+
+
+def test_a_job_gone_between_listing_and_json_gives_one_consistent_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    for jid in range(1, 9):
+        fake.add(jid)
+    b = backend(fake, monkeypatch)
+    b.snapshot()
+    fake.jobs[4]["job_state"] = "COMPLETED"
+    fake.vanish_after_listing = {4}
+    snap = b.snapshot()
+    assert "4" not in states(snap.jobs) and len(snap.jobs) == 7
+    assert json_calls(fake)[-1] == "--json --states=all"
+
+
+def test_where_squeue_json_ignores_filters_every_change_reads_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm(release=(22, 5, 8))
+    for jid in range(1, 21):
+        fake.add(jid)
+    b = backend(fake, monkeypatch)
+    b.snapshot()
+    fake.calls.clear()
+    b.snapshot()
+    assert json_calls(fake) == []
+    fake.jobs[5]["job_state"] = "RUNNING"
+    assert states(b.snapshot().jobs)["5"] == "RUNNING"
+    assert json_calls(fake) == ["--json --states=all"]
+
+
+def test_an_unreadable_listing_line_falls_back_to_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    fake.add(1)
+    b = backend(fake, monkeypatch)
+    real = fake.run
+
+    def garbled(argv: Sequence[str], what: str, **kw: Any) -> str:
+        out = real(argv, what, **kw)
+        return "garbage|x|\n" + out if any(a.startswith("--Format=") for a in argv) else out
+
+    monkeypatch.setattr(b, "_run", garbled)
+    assert states(b.snapshot().jobs) == {"1": "PENDING"}
+    assert json_calls(fake) == ["--json --states=all"]
