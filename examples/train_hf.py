@@ -4,7 +4,8 @@ CPU) under slurm-gandiva. Nothing is downloaded (HF_HUB_OFFLINE=1).
 Run it through the wrapper:  gandiva-wrapper --state-dir D -- python examples/train_hf.py --epochs 2
 (or by hand: `python examples/train_hf.py`, checkpoints in ./gandiva-state). The lines gandiva needs are marked
 `# gandiva`. At the end it prints `final_params_sha256=<hex>`: the same for an uninterrupted run and for one
-suspended and resumed any number of times (one process).
+suspended and resumed any number of times, with the same number of processes (the wrapper starts one per GPU;
+they train with DDP over gloo).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     targs = TrainingArguments(output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
                               num_train_epochs=args.epochs, learning_rate=1e-3, seed=args.seed, use_cpu=True,
                               report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                              dataloader_num_workers=0)
+                              dataloader_num_workers=0, ddp_find_unused_parameters=False)
     gandiva = GandivaTrainerCallback()  # gandiva
     callbacks: list[TrainerCallback] = [gandiva]  # gandiva: the callback
     if args.sleep_per_step:
@@ -82,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(model=model, args=targs, train_dataset=Tokens(args.samples, 16, 64, args.seed + 1),
                       callbacks=callbacks)
     gandiva.train(trainer)  # gandiva: trainer.train(), resuming from the job's newest checkpoint
-    print(f"final_params_sha256={params_sha256(model)}", flush=True)
-    print(f"steps={gandiva.job.step} samples={gandiva.job.samples}", file=sys.stderr)
+    if trainer.is_world_process_zero():
+        print(f"final_params_sha256={params_sha256(model)}", flush=True)
+        print(f"steps={gandiva.job.step} samples={gandiva.job.samples}", file=sys.stderr)
     return 0
 
 

@@ -3,7 +3,8 @@
 Run it through the wrapper:  gandiva-wrapper --state-dir D -- python examples/train_lightning.py --epochs 2
 (or by hand: `python examples/train_lightning.py`, checkpoints in ./gandiva-state). The lines gandiva needs are
 marked `# gandiva`. At the end it prints `final_params_sha256=<hex>`: the same for an uninterrupted run and for
-one suspended and resumed any number of times (one process).
+one suspended and resumed any number of times, with the same number of processes (the wrapper starts one per GPU;
+they train with DDP over gloo).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from job_wrapper.lightning import GandivaCallback, loader
+from job_wrapper.lightning import GandivaCallback, loader, trainer_args
 
 
 def params_sha256(model: nn.Module) -> str:
@@ -69,12 +70,13 @@ def main(argv: list[str] | None = None) -> int:
 
     model = Regressor(args.samples, args.dim, args.batch_size, args.seed, args.sleep_per_step, args.workers)
     gandiva = GandivaCallback()  # gandiva
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=args.epochs, deterministic=True, logger=False,
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=args.epochs, deterministic=True, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[gandiva])  # gandiva: the callback
+                         callbacks=[gandiva], **trainer_args())  # gandiva: the callback; DDP over the wrapper's ranks
     gandiva.fit(trainer, model)  # gandiva: trainer.fit(model), resuming from the job's newest checkpoint
-    print(f"final_params_sha256={params_sha256(model.net)}", flush=True)
-    print(f"steps={gandiva.job.step} samples={gandiva.job.samples}", file=sys.stderr)
+    if trainer.is_global_zero:
+        print(f"final_params_sha256={params_sha256(model.net)}", flush=True)
+        print(f"steps={gandiva.job.step} samples={gandiva.job.samples}", file=sys.stderr)
     return 0
 
 

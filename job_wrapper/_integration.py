@@ -74,6 +74,8 @@ class Suspender:
         self._clock = clock
         self._progress: ProgressReporter | None = None
         self._listening = False
+        self._agree_group: Any = None  # the gloo group of the per-step agreement, once connect_ranks() found one
+        self._agree_buf: Any = None
 
     # -- the signal -----------------------------------------------------------------------------------
 
@@ -105,6 +107,54 @@ class Suspender:
             signal.signal(self.signal, signal.SIG_IGN)
         self._listening = False
 
+    # -- agreement between ranks ---------------------------------------------------------------------------
+
+    def connect_ranks(self) -> bool:
+        """Prepare `agree()` once torch.distributed is initialised with more than one rank (every rank must call
+        this, at the same point: it may create a process group). Returns whether the ranks must agree."""
+        if self._agree_buf is not None:
+            return True
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+            return False
+        # A CPU collective even when training uses NCCL: an all-reduce of a GPU tensor and its .item() would
+        # wait for the GPU at every step.
+        self._agree_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self._agree_buf = torch.zeros(1, dtype=torch.int32)
+        return True
+
+    def agree(self, stop: bool) -> bool:
+        """Whether any rank wants to stop at this boundary (an all-reduce MAX of one int over gloo), so every rank
+        stops at the same step; `stop` itself when the ranks are not connected. A collective: every rank calls it
+        at every boundary."""
+        buf = self._agree_buf
+        if buf is None:
+            return stop
+        import torch.distributed as dist
+
+        buf[0] = int(stop)
+        dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self._agree_group)
+        return bool(buf[0])
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op when the ranks are not connected)."""
+        if self._agree_buf is not None:
+            import torch.distributed as dist
+
+            dist.barrier(group=self._agree_group)
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank (itself when the ranks are not connected)."""
+        if self._agree_buf is None:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self._agree_group)
+        return box[0]
+
     # -- progress -------------------------------------------------------------------------------------
 
     def _counters(self) -> Counters:
@@ -125,6 +175,12 @@ class Suspender:
     def event(self, name: str, **fields: Any) -> None:
         if self.rank == 0:
             append_event(self.files.events, name, **fields)
+
+    def warn(self, message: str, **fields: Any) -> None:
+        """One line on stderr (rank 0) and a `warning` event."""
+        if self.rank == 0:
+            print(f"gandiva: {message}", file=sys.stderr, flush=True)
+        self.event("warning", message=message, **fields)
 
     def close(self, state: str) -> None:
         self.stop_listening()

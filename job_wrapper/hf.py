@@ -11,10 +11,15 @@ state directory. When the save is complete the callback writes `gandiva.json` in
 counters; a checkpoint without it is incomplete and never resumed), keeps the two newest and exits 75
 (`ExitCode.SUSPENDED`). `train()` resumes from the newest complete one; the Trainer then skips exactly the
 mini-batches of the epoch already trained and restores the RNG states.
+
+With several processes the ranks agree at every step end (an all-reduce MAX of the flag over gloo), so all stop
+at the same step; each writes its part of the Trainer's checkpoint, and rank 0 writes `gandiva.json` once all
+have (a barrier), after fsyncing the directory's files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -46,29 +51,72 @@ class GandivaTrainerCallback(TrainerCallback):  # type: ignore[misc]
         self._suspending: str | None = None  # the user's output_dir while the suspend save goes to ours
         self._per_step = 0
 
-    def _complete(self) -> list[Path]:
-        """Complete checkpoint directories, oldest first."""
+    def _checkpoint_dirs(self) -> list[Path]:
+        """The `checkpoint-N` directories, complete or not, oldest first."""
         if not self.checkpoints.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.checkpoints.iterdir()
-                 if (m := _CHECKPOINT.match(p.name)) and (p / MARK).is_file()]
+        found = [(int(m.group(1)), p) for p in self.checkpoints.iterdir() if (m := _CHECKPOINT.match(p.name))]
         return [p for _, p in sorted(found)]
+
+    def _complete(self) -> list[Path]:
+        """Complete checkpoint directories (with the marker), oldest first."""
+        return [p for p in self._checkpoint_dirs() if (p / MARK).is_file()]
 
     def resume_path(self) -> Path | None:
         """The newest complete checkpoint of this job, or None."""
         done = self._complete()
         return done[-1] if done else None
 
+    def _usable(self, path: Path) -> tuple[dict[str, Any] | None, str]:
+        """`path`'s marker if the checkpoint can be resumed, else (None, why not)."""
+        try:
+            mark = json.loads((path / MARK).read_text())
+            if not isinstance(mark, dict):
+                return None, f"{MARK} is not a JSON object"
+            int(mark["step"]), int(mark["samples"])
+            for name, size in dict(mark.get("files", {})).items():
+                if (path / name).stat().st_size != size:
+                    return None, f"{name} is {(path / name).stat().st_size} bytes, {size} were written"
+            json.loads((path / "trainer_state.json").read_text())
+        except FileNotFoundError as exc:
+            return None, f"{Path(exc.filename).name if exc.filename else 'a file'} is missing"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return None, f"unreadable ({type(exc).__name__}: {exc})"
+        return mark, ""
+
+    def _choose(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest resumable checkpoint and its marker (rank 0 decides; a damaged newer one is set aside as
+        `checkpoint-N.corrupt` with one line, an incomplete one is skipped with one), or None to start fresh."""
+        skipped: list[str] = []
+        for path in reversed(self._checkpoint_dirs()):
+            if not (path / MARK).is_file():
+                skipped.append(path.name)
+                self.job.warn(f"{path} is incomplete (no {MARK}): skipped", path=str(path))
+                continue
+            mark, why = self._usable(path)
+            if mark is not None:
+                return path, mark
+            skipped.append(path.name)
+            aside = path.with_name(path.name + ".corrupt")
+            self.job.warn(f"{path} is damaged ({why}): set aside as {aside.name}", path=str(path))
+            shutil.rmtree(aside, ignore_errors=True)
+            with contextlib.suppress(OSError):  # else it stays, still damaged, and is skipped again
+                path.rename(aside)
+        if skipped:
+            self.job.warn(f"no complete checkpoint in {self.checkpoints}: training starts from the beginning")
+        return None
+
     def train(self, trainer: Trainer, **kwargs: Any) -> Any:
         """`trainer.train(**kwargs)`, resuming from this job's newest checkpoint when there is one (a first run
-        just starts, or resumes from the `resume_from_checkpoint` you pass); exits 75 when suspended."""
-        path = self.resume_path()
-        if path is not None:
+        just starts, or resumes from the `resume_from_checkpoint` you pass); exits 75 when suspended. A newest
+        checkpoint that is incomplete or damaged is skipped (one line each): the one before, or a fresh start."""
+        # The Trainer initialised torch.distributed (from the wrapper's RANK/WORLD_SIZE) when it was built.
+        self.job.connect_ranks()
+        choice = self.job.broadcast(self._choose() if self.job.rank == 0 else None)
+        if choice is not None:
+            path, mark = choice
             try:
-                mark = json.loads((path / MARK).read_text())
                 ckpt.check_identity(mark, self.job.identity, str(path), self.job.files.root)
-            except (OSError, ValueError) as exc:
-                self.job.fail(f"{path / MARK} is unreadable ({exc}): delete {path} to resume from the one before")
             except ckpt.CheckpointError as exc:
                 self.job.fail(str(exc))
             self.job.step, self.job.samples = int(mark["step"]), int(mark["samples"])
@@ -90,13 +138,14 @@ class GandivaTrainerCallback(TrainerCallback):  # type: ignore[misc]
         self._per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
         if state.max_steps > 0:
             self.job.total_samples = state.max_steps * self._per_step
+        self.job.connect_ranks()
         self.job.start_progress()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
         self.job.batch_done(self._per_step)
         self.job.epoch = int(state.epoch or 0)
-        if self.job.flag and self._suspending is None:
+        if self.job.agree(self.job.flag) and self._suspending is None:
             self.job.event("stop_requested", step=self.job.step)
             # The Trainer saves into args.output_dir: point it at the state directory for this one save.
             self._suspending = args.output_dir
@@ -109,9 +158,11 @@ class GandivaTrainerCallback(TrainerCallback):  # type: ignore[misc]
             return
         args.output_dir, self._suspending = self._suspending, None
         path = self.checkpoints / f"checkpoint-{state.global_step}"
+        self.job.barrier()  # every rank has written its part (rng_state_<rank>.pth)
         if state.is_world_process_zero:
+            files = _fsync_tree(path)
             mark = {"job": self.job.identity, "step": self.job.step, "samples": self.job.samples,
-                    "global_step": state.global_step}
+                    "global_step": state.global_step, "world_size": args.world_size, "files": files}
             tmp = path / f"{MARK}.tmp"
             tmp.write_text(json.dumps(mark))
             self.job.fsync_replace(tmp, path / MARK, path / f"{MARK}.prev")
@@ -119,3 +170,25 @@ class GandivaTrainerCallback(TrainerCallback):  # type: ignore[misc]
                 shutil.rmtree(old, ignore_errors=True)
             self.job.event("checkpoint", reason="suspend", step=self.job.step, path=str(path))
         self.job.exit_suspended()
+
+
+def _fsync_tree(root: Path) -> dict[str, int]:
+    """fsync every file under `root` and the directories; returns {relative path: size}."""
+    sizes: dict[str, int] = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            if name.startswith(MARK):
+                continue
+            p = Path(dirpath) / name
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                sizes[str(p.relative_to(root))] = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return sizes

@@ -13,12 +13,19 @@ rank 0 makes it durable and renames it over `lightning.ckpt` in the job's state 
 becomes `lightning.prev.ckpt`), and the process exits 75 (`ExitCode.SUSPENDED`): the wrapper requeue-holds
 the job. Lightning's own SLURM auto-requeue (its SIGUSR1 handler, which checkpoints inside the handler and
 runs `scontrol requeue`) is switched off.
+
+With several processes (the wrapper starts one per GPU) the Trainer takes `**trainer_args()`: DDP over the
+wrapper's processes. The ranks agree at every batch end (an all-reduce MAX of the flag over gloo), so all stop
+at the same batch. A damaged newest checkpoint is set aside: the job resumes from the one before, or starts
+fresh, with one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -26,6 +33,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+from lightning.fabric.plugins.environments.torchelastic import TorchElasticEnvironment
 from torch.utils.data import DataLoader
 
 from job_wrapper import checkpoint as ckpt
@@ -43,6 +51,32 @@ from job_wrapper.data import (
 CHECKPOINT = "lightning.ckpt"
 PREVIOUS = "lightning.prev.ckpt"
 FORMAT = 1
+
+
+class WrapperEnvironment(TorchElasticEnvironment):
+    """The processes gandiva-wrapper starts (RANK, WORLD_SIZE, MASTER_ADDR/PORT set; Lightning creates none).
+    Each sees only its own GPU (the wrapper narrows CUDA_VISIBLE_DEVICES), so its device index is 0: the Trainer
+    runs `devices=1, num_nodes=WORLD_SIZE` (`trainer_args()`)."""
+
+    @staticmethod
+    def detect() -> bool:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+    def local_rank(self) -> int:
+        return 0
+
+    def node_rank(self) -> int:
+        return self.global_rank()
+
+
+def trainer_args() -> dict[str, Any]:
+    """`L.Trainer(**trainer_args(), ...)`: with several wrapper processes, DDP over them (`WrapperEnvironment`,
+    `use_distributed_sampler=False`: `loader()` shards itself); with one, `devices=1`."""
+    _, world = rank_and_world_size()
+    if world <= 1:
+        return {"devices": 1}
+    return {"devices": 1, "num_nodes": world, "strategy": "ddp", "plugins": [WrapperEnvironment()],
+            "use_distributed_sampler": False}
 
 
 class _LoaderSampler(ResumableSampler):
@@ -140,10 +174,23 @@ class GandivaCallback(pl.Callback):
         return self.job.files.root / CHECKPOINT
 
     def resume_path(self) -> Path | None:
-        """The newest complete checkpoint of this job (the previous one if the newest is missing), or None."""
+        """The newest readable checkpoint of this job, or None. The newest is checked (`torch.save`'s zip: every
+        member's CRC); a damaged one is set aside as `<name>.corrupt` (rank 0) and the one before is taken, with
+        one line, or none: training starts from the beginning, with one line."""
+        damaged = False
         for path in (self.checkpoint_path, self.job.files.root / PREVIOUS):
-            if path.is_file():
+            if not path.is_file():
+                continue
+            why = _damage(path)
+            if why is None:
                 return path
+            damaged = True
+            self.job.warn(f"{path} is damaged ({why}): set aside as {path.name}.corrupt", path=str(path))
+            if self.job.rank == 0:  # the other ranks read the same file, and skip it too (or find it gone)
+                with contextlib.suppress(OSError):
+                    os.replace(path, path.with_name(path.name + ".corrupt"))
+        if damaged:
+            self.job.warn(f"no readable checkpoint in {self.job.files.root}: training starts from the beginning")
         return None
 
     def fit(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
@@ -191,6 +238,7 @@ class GandivaCallback(pl.Callback):
                 total = min(total, trainer.max_steps * s.batch_size)
             self.job.total_samples = total
         self.job.epoch = trainer.current_epoch
+        self.job.connect_ranks()  # the strategy initialised torch.distributed in its setup
         self.job.start_progress()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -206,9 +254,7 @@ class GandivaCallback(pl.Callback):
         # Only where the optimizer stepped: accumulated gradients are not part of a checkpoint.
         stop = self.job.flag and ((batch_idx + 1) % trainer.accumulate_grad_batches == 0
                                   or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
-        if trainer.world_size > 1:  # every rank must stop at the same batch: rank 0's or anyone's flag
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if stop:
+        if self.job.agree(stop):  # every rank stops at the same batch: anyone's flag
             self._suspend(trainer)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -250,3 +296,17 @@ class GandivaCallback(pl.Callback):
                            bytes=self.checkpoint_path.stat().st_size, seconds=round(self.job._clock() - t0, 6),
                            path=str(self.checkpoint_path))
         self.job.exit_suspended()
+
+
+def _damage(path: Path) -> str | None:
+    """Why `path` is not a readable `torch.save` checkpoint (a zip: truncated, garbage, a bad CRC), or None."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+            if bad is not None:
+                return f"bad CRC in {bad}"
+            if not any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist()):
+                return "no data.pkl: not a torch.save file"
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

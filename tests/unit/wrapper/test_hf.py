@@ -93,3 +93,51 @@ def test_suspend_saves_through_the_trainer_exits_75_and_resumes_exactly(tmp_path
     assert resumed.seen == ref.seen[at + 1 :]  # no batch skipped or repeated
     for a, b in zip(ref.net.parameters(), resumed.net.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("damage", ["no-marker", "garbage-marker", "truncated-model", "missing-optimizer"])
+def test_an_incomplete_or_damaged_newest_checkpoint_is_skipped_with_one_line(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref, _ = run(tmp_path / "r", tmp_path / "ref")
+    state = tmp_path / "job"
+    with pytest.raises(SystemExit):
+        run(tmp_path / "s", state, at=2)  # checkpoint-3
+    with pytest.raises(SystemExit):
+        run(tmp_path / "s", state, at=5)  # checkpoint-6
+    newest = state / ghf.SUBDIR / "checkpoint-6"
+    if damage == "no-marker":
+        (newest / ghf.MARK).unlink()
+    elif damage == "garbage-marker":
+        (newest / ghf.MARK).write_bytes(b"\x00{garbage")
+    elif damage == "truncated-model":
+        model = newest / "model.safetensors"
+        model.write_bytes(model.read_bytes()[:100])
+    else:
+        (newest / "optimizer.pt").unlink()
+    capsys.readouterr()
+    resumed, gandiva = run(tmp_path / "s", state)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "checkpoint-6" in ln]
+    assert len(lines) == 1 and ("incomplete" if damage == "no-marker" else "damaged") in lines[0], lines
+    assert gandiva.resumed_from == state / ghf.SUBDIR / "checkpoint-3"
+    assert resumed.seen == ref.seen[3:]
+    for a, b in zip(ref.net.parameters(), resumed.net.parameters(), strict=True):
+        assert torch.equal(a, b)
+    if damage != "no-marker":
+        assert (state / ghf.SUBDIR / "checkpoint-6.corrupt").is_dir()
+
+
+def test_with_no_usable_checkpoint_training_starts_over_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref, _ = run(tmp_path / "r", tmp_path / "ref")
+    state = tmp_path / "job"
+    with pytest.raises(SystemExit):
+        run(tmp_path / "s", state, at=2)
+    (state / ghf.SUBDIR / "checkpoint-3" / "trainer_state.json").write_text("{truncated")
+    capsys.readouterr()
+    resumed, gandiva = run(tmp_path / "s", state)
+    assert "training starts from the beginning" in capsys.readouterr().err
+    assert gandiva.resumed_from is None and resumed.seen == ref.seen
+    for a, b in zip(ref.net.parameters(), resumed.net.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -150,3 +150,45 @@ def test_lightning_slurm_auto_requeue_is_switched_off_and_never_takes_our_signal
     assert not called and not list(tmp_path.glob("hpc_ckpt_*"))
     assert torch.load(tmp_path / gl.CHECKPOINT, weights_only=False)["gandiva"]["step"] == 3
     assert signal.getsignal(signal.SIGUSR2) in (signal.SIG_IGN, gandiva.job._on_signal)  # never the default
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_with_one_line(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref, _ = run(tmp_path / "ref")
+    state = tmp_path / "job"
+    with pytest.raises(SystemExit):
+        run(state, at=2)  # lightning.ckpt at step 3
+    with pytest.raises(SystemExit):
+        run(state, at=6)  # lightning.ckpt at step 7, the one at 3 becomes lightning.prev.ckpt
+    newest = state / gl.CHECKPOINT
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
+    capsys.readouterr()
+    resumed, gandiva = run(state)
+    err = capsys.readouterr().err
+    assert gandiva.resumed_from == state / gl.PREVIOUS
+    assert [ln for ln in err.splitlines() if "damaged" in ln] == [
+        f"gandiva: {newest} is damaged ({gl._damage(state / (gl.CHECKPOINT + '.corrupt'))}): set aside as "
+        f"{gl.CHECKPOINT}.corrupt"]
+    assert resumed.seen == ref.seen[3:]  # from the previous checkpoint: batches 3.. again
+    assert all(torch.equal(a, b) for a, b in zip(params(ref.net), params(resumed.net), strict=True))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_damaged_only_checkpoint_starts_over_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref, _ = run(tmp_path / "ref")
+    state = tmp_path / "job"
+    with pytest.raises(SystemExit):
+        run(state, at=4)
+    (state / gl.CHECKPOINT).write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    resumed, gandiva = run(state)
+    err = capsys.readouterr().err
+    assert gandiva.resumed_from is None and "training starts from the beginning" in err
+    assert resumed.seen == ref.seen and gandiva.job.step == len(ref.seen)
+    assert all(torch.equal(a, b) for a, b in zip(params(ref.net), params(resumed.net), strict=True))
