@@ -32,6 +32,7 @@ from slurm_gandiva.controller.arrays import throttle_arrays
 from slurm_gandiva.controller.config import ControllerConfig, load_config
 from slurm_gandiva.controller.observe import (
     JobInputs,
+    JobMemo,
     Observation,
     ProgressLike,
     ProgressReader,
@@ -46,8 +47,9 @@ from slurm_gandiva.plan import Action, Plan, apply_decision
 from slurm_gandiva.requeue.contract import JobFiles
 from slurm_gandiva.requeue.safe_read import read_job_progress
 from slurm_gandiva.selector.base import Policy
-from slurm_gandiva.slurm.base import SlurmBackend, Snapshot
-from slurm_gandiva.store.api import StoreApi
+from slurm_gandiva.slurm.base import SlurmBackend, SlurmJob, Snapshot
+from slurm_gandiva.store.api import JobRecord, StoreApi
+from slurm_gandiva.store.memo import MemoStore
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +165,10 @@ class Controller:
     ) -> None:
         self.config = config
         self.backend = backend
-        self.store = store
+        # Rounds read the store through the controller's memory of it (store/memo.py): this process is
+        # its only writer while it holds the controller lock.
+        store = store if isinstance(store, MemoStore) else MemoStore(store)
+        self.store: StoreApi = store
         self.clock = clock
         self.config_path = config_path
         self.policy = policy if policy is not None else make_configured_policy(config)
@@ -176,6 +181,9 @@ class Controller:
         self._trials: dict[str, Trial] = {}
         self._failed_trials: dict[str, frozenset[TrialKind]] = {}
         self._speedups: dict[tuple[str, int], Mapping[int, float] | None] = {}
+        self._job_memo: JobMemo = {}  # waiting jobs' policy Jobs, while their inputs stay the same
+        # job id -> (whether it ran when its progress file was read, the report, why it was refused)
+        self._progress_memo: dict[str, tuple[bool, ProgressLike | None, str | None]] = {}
         self._backoff: dict[str, float] = {}  # job id -> until when its failed moves are not retried
         self._scheduler: Any = None
         self.metrics = _make_metrics()
@@ -241,8 +249,7 @@ class Controller:
         inputs: list[JobInputs] = []
         problems: dict[str, str] = {}
         for jid, rec in records.items():
-            files = JobFiles(Path(rec.state_dir) if rec.state_dir else self.config.job_root / jid)
-            prog = self._progress_of(jid, files.progress, managed[jid].user, problems)
+            prog = self._progress_now(jid, rec, managed[jid], problems)
             if prog is not None:
                 progress[jid] = prog
             inputs.append(
@@ -262,9 +269,33 @@ class Controller:
         caps = self.backend.capabilities()
         view = build_view(
             self.topology, snap.nodes, inputs, foreign_gpus(snap.jobs, self.config.partitions), now,
-            requeue_ties=caps.requeue_keeps_gpu_indices, packing=caps.packing,
+            requeue_ties=caps.requeue_keeps_gpu_indices, packing=caps.packing, memo=self._job_memo,
         )
+        for memo in (self._job_memo, self._progress_memo):
+            for jid in memo.keys() - records.keys():
+                del memo[jid]
+        if isinstance(self.store, MemoStore):
+            self.store.retain(j.job_id for j in snap.jobs)
         return Observation(view, snap, managed, records, progress, problems)
+
+    def _progress_now(
+        self, job_id: str, rec: JobRecord, sj: SlurmJob, problems: dict[str, str]
+    ) -> ProgressLike | None:
+        """The job's progress report, read while it runs and once after; a waiting job's file is not read
+        again (only its own wrapper writes it, while it runs), so a round with 10,000 waiting jobs reads
+        only the running ones' files."""
+        seen = self._progress_memo.get(job_id)
+        if seen is not None and not seen[0] and not sj.running:
+            _, prog, problem = seen
+        else:
+            found: dict[str, str] = {}
+            files = JobFiles(Path(rec.state_dir) if rec.state_dir else self.config.job_root / job_id)
+            prog = self._progress_of(job_id, files.progress, sj.user, found)
+            problem = found.get(job_id)
+            self._progress_memo[job_id] = (sj.running, prog, problem)
+        if problem is not None:
+            problems[job_id] = problem
+        return prog
 
     def _progress_of(self, job_id: str, path: Path, user: str, problems: dict[str, str]) -> ProgressLike | None:
         """The job's progress report; a refused or unreadable file is noted in `problems` and read as none:
