@@ -54,5 +54,5 @@ def throttle_arrays(plan: Plan, view: ClusterView, jobs: Mapping[str, SlurmJob])
             dropped.add(jid)
     if not dropped:
         return plan
-    log.info("array throttle: not placing %s this round (%%MAX tasks of their array run)", ", ".join(sorted(dropped)))
+    log.debug("array throttle: not placing %s this round (%%MAX tasks of their array run)", ", ".join(sorted(dropped)))
     return Plan(tuple(d for d in plan.decisions if d.job_id not in dropped))
