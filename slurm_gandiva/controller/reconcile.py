@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,9 @@ from slurm_gandiva.submit.spec import fallback_spec, load_spec
 
 log = logging.getLogger(__name__)
 
+# New jobs registered per round at most (each reads its spec and writes its record): the rest register in
+# the next rounds, so a round after a 10,000-task array is submitted stays about a second long.
+MAX_REGISTRATIONS = 500
 # How long a marked job may wait for `gandiva sbatch` to write its spec file before it is taken as a
 # plain sbatch job (rigid, GPU count from Slurm).
 SPEC_GRACE_S = 10.0
@@ -96,6 +99,7 @@ class Reconciler:
         spec_grace: float = SPEC_GRACE_S,
         stop_timeout: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
+        max_registrations: int = MAX_REGISTRATIONS,
     ) -> None:
         self.backend = backend
         self.store = store
@@ -108,6 +112,9 @@ class Reconciler:
         self._refused_specs: dict[str, str] = {}  # job id -> why its spec file was refused (noted once)
         self._unsatisfiable: dict[str, str] = {}  # job id -> why its spec cannot ever run (noted once)
         self._nodes: tuple[SlurmNode, ...] = ()  # Slurm's nodes in the snapshot being settled
+        self.max_registrations = max_registrations
+        self._registrations = 0  # jobs registered in the round being settled
+        self._arrays_held: set[str] = set()  # arrays held whole in the last round
 
     def _note(self, out: list[Finding], kind: str, job_id: str, detail: str) -> None:
         log.info("reconcile: job %s: %s: %s", job_id, kind, detail)
@@ -128,9 +135,11 @@ class Reconciler:
         # the loop below visits each job once, so what was read stays true for the jobs not yet visited.
         records = self.store.jobs_by_id(managed)
         current = self.store.open_slices(records)
+        held = self._hold_arrays(managed.values(), out)
+        self._registrations = 0
         for sj in managed.values():
             try:
-                self._settle_slurm_job(sj, records.get(sj.job_id), current.get(sj.job_id), now, out)
+                self._settle_slurm_job(sj, records.get(sj.job_id), current.get(sj.job_id), now, out, held)
             except Exception:
                 log.exception("reconcile: job %s failed; will retry next tick", sj.job_id)
         for rec in self.store.list_jobs(states=[JobState.QUEUED, JobState.RUNNING, JobState.SUSPENDED]):
@@ -141,6 +150,27 @@ class Reconciler:
             except Exception:
                 log.exception("reconcile: job %s failed; will retry next tick", rec.job_id)
         return tuple(out)
+
+    def _hold_arrays(self, jobs: Iterable[SlurmJob], out: list[Finding]) -> set[str]:
+        """Admin-hold the waiting tasks of each job array with one `scontrol hold ARRAY` (a 10,000-task
+        array is one call, not 10,000); returns the arrays held."""
+        waiting: dict[str, int] = {}
+        for sj in jobs:
+            if sj.array_id and sj.pending and sj.hold is not HoldKind.ADMIN:
+                waiting[sj.array_id] = waiting.get(sj.array_id, 0) + 1
+        held: set[str] = set()
+        for array, n in waiting.items():
+            if array in self._arrays_held:
+                continue  # held whole last round, yet tasks still wait unheld (split off?): one by one
+            try:
+                self.backend.hold(array)
+            except Exception:
+                log.exception("reconcile: array %s: admin hold failed; its tasks are held one by one", array)
+                continue
+            held.add(array)
+            self._note(out, "admin-hold", array, f"{n} waiting task(s) of array {array} had no admin hold")
+        self._arrays_held = held
+        return held
 
     def _register(self, sj: SlurmJob, now: float, out: list[Finding]) -> JobRecord | None:
         try:
@@ -189,20 +219,29 @@ class Reconciler:
             return ""
 
     def _settle_slurm_job(
-        self, sj: SlurmJob, rec: JobRecord | None, current: SliceRecord | None, now: float, out: list[Finding]
+        self,
+        sj: SlurmJob,
+        rec: JobRecord | None,
+        current: SliceRecord | None,
+        now: float,
+        out: list[Finding],
+        held_arrays: Collection[str] = (),
     ) -> None:
         """Settle one job Slurm lists, given its stored record and open slice (None: none)."""
         jid = sj.job_id
-        if sj.pending and sj.hold is not HoldKind.ADMIN:
+        if sj.pending and sj.hold is not HoldKind.ADMIN and sj.array_id not in held_arrays:
             # job_submit.lua's hold is a user hold, a node failure requeues unheld: the controller decides.
             self.backend.hold(jid)
             self._note(out, "admin-hold", jid, f"was {sj.reason or 'pending'} with a {sj.hold.value} hold")
         if rec is None and sj.finished:
             return  # finished before this controller ever saw it: nothing to manage
         if rec is None:
+            if self._registrations >= self.max_registrations:
+                return  # registered in a later round: a 10,000-task array must not stall this one
             rec = self._register(sj, now, out)
             if rec is None:
                 return
+            self._registrations += 1
         if sj.finished:
             end = sj.end_time or now
             reason = finished_slice_end(sj.state)

@@ -87,9 +87,11 @@ class FakeBackend:
             return self.jobs_by_id[job_id]
 
     def hold(self, job_id: str) -> None:
+        """As Slurm: holding an array's id holds every waiting task of it."""
         self.calls.append(("hold", job_id))
-        j = self.job(job_id)
-        self.set(replace(j, hold=HoldKind.ADMIN, reason="JobHeldAdmin"))
+        tasks = [j for j in self.jobs_by_id.values() if j.array_id == job_id and j.pending]
+        for j in tasks or [self.job(job_id)]:
+            self.set(replace(j, hold=HoldKind.ADMIN, reason="JobHeldAdmin"))
 
     def release(self, job_id: str) -> None:
         self.calls.append(("release", job_id))

@@ -175,3 +175,38 @@ def test_signal_seen_in_the_wrappers_events_file(store: Store, tmp_path: Path) -
     with open(tmp_path / "1" / "events.jsonl", "a") as f:
         f.write(json.dumps({"event": "signal", "time": 25.0}) + "\n")
     assert r._signalled(d)
+
+
+def test_an_arrays_waiting_tasks_are_admin_held_with_one_call(store: Store, tmp_path: Path) -> None:
+    tasks = [replace(sjob(f"40_{t}", hold=HoldKind.USER, submit=time.time()), array_id="40") for t in range(50)]
+    tasks.append(replace(sjob("40_50", hold=HoldKind.ADMIN, submit=time.time()), array_id="40"))
+    backend = FakeBackend([*tasks, sjob("9", hold=HoldKind.USER, submit=time.time())])
+    found = Reconciler(backend, store, partitions=("gpu",), jobs_root=tmp_path, clock=time.time).settle(
+        backend.snapshot()
+    )
+    assert sorted(backend.calls) == [("hold", "40"), ("hold", "9")]
+    assert [f.detail for f in found if f.kind == "admin-hold" and f.job_id == "40"] == [
+        "50 waiting task(s) of array 40 had no admin hold"
+    ]
+
+
+def test_tasks_an_array_hold_missed_are_held_one_by_one(store: Store, tmp_path: Path) -> None:
+    tasks = [replace(sjob(f"40_{t}", hold=HoldKind.USER, submit=time.time()), array_id="40") for t in range(3)]
+    backend = FakeBackend(tasks)
+    backend.hold = lambda job_id: backend.calls.append(("hold", job_id))  # type: ignore[method-assign]
+    r = Reconciler(backend, store, partitions=("gpu",), jobs_root=tmp_path, clock=time.time)
+    r.settle(backend.snapshot())
+    assert backend.calls == [("hold", "40")]
+    backend.calls.clear()
+    r.settle(backend.snapshot())  # still waiting unheld: this Slurm did not hold them with the array
+    assert sorted(backend.calls) == [("hold", "40_0"), ("hold", "40_1"), ("hold", "40_2")]
+
+
+def test_registrations_per_round_are_bounded_and_the_rest_follow(store: Store, tmp_path: Path) -> None:
+    backend = FakeBackend([sjob(str(k), hold=HoldKind.ADMIN, submit=time.time() - 60) for k in range(1, 26)])
+    r = Reconciler(backend, store, partitions=("gpu",), jobs_root=tmp_path, clock=time.time, max_registrations=10)
+    counts = []
+    for _ in range(4):
+        r.settle(backend.snapshot())
+        counts.append(len(store.list_jobs()))
+    assert counts == [10, 20, 25, 25]
