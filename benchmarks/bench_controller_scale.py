@@ -1,0 +1,316 @@
+"""How long the controller's rounds take with 0 / 100 / 1,000 / 10,000 managed jobs on a real Slurm.
+
+Starts its own DevCluster (2 nodes x 4 fake GPUs, default port base 28000) of the Slurm release on PATH
+(`scripts/slurm-release.sh`: `gandiva_slurm_use 24.11`), and a Controller in this process with the
+production defaults of etc/gandiva.conf (policy gandiva, quantum 60 s, tick 5 s), ticking on the 5 s grid
+as `gandiva controller` does. The managed jobs are submitted with `gandiva sbatch --array` as job arrays
+(each size adds to the jobs already there) and run examples/train.py under gandiva-wrapper (a tiny model
+sleeping 0.1 s a step, standing for GPU time), so that the controller really time-slices them: every
+quantum it suspends the 8 running jobs and resumes 8 others through the requeue protocol.
+
+For each size, once every job is registered, it runs `--rounds` rounds and prints, per round kind
+(ordinary: no action; with actions), the round time split into Slurm queries (every backend call outside
+the actions), the store (every database call outside the actions), the policy's decide, the actions (the
+actor's execute: protocol steps, their Slurm calls and store writes) and the rest (the controller's own
+work: settle, observe, plans); rounds over the tick; the controller process's resident memory; and that
+nothing was lost (every submitted task is in Slurm and registered, none failed).
+
+Baseline: the figures issue 18 measured on this devcluster with the controller before it (same defaults,
+real `gandiva sbatch` jobs): ordinary round 0.02 / 0.10 / 0.44 / 0.85 s with 0 / 100 / 500 / 1,000 jobs,
+rounds with actions up to 7.8 s at 500 and 10.4 s at 1,000 jobs. The targets (issue 18), at 10,000 jobs:
+ordinary round <= 1 s, a round with 10 actions <= 2 s, memory <= 500 MB, every tick kept.
+
+    sudo .venv/bin/python benchmarks/bench_controller_scale.py [--sizes 0,100,1000,10000] [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_gandiva.controller.config import ControllerConfig
+from slurm_gandiva.controller.service import Controller
+from slurm_gandiva.devcluster.cluster import DevCluster
+from slurm_gandiva.model import JobState
+from slurm_gandiva.slurm import make_backend
+from slurm_gandiva.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TRAIN = ROOT / "examples" / "train.py"
+ACTIVE = (JobState.QUEUED, JobState.RUNNING, JobState.SUSPENDED)
+BASELINE_ORDINARY = {0: 0.02, 100: 0.10, 500: 0.44, 1000: 0.85}  # s, issue 18 (the controller before it)
+BASELINE_ACTIONS = {500: 7.8, 1000: 10.4}  # s, the longest round with actions
+TARGET_ORDINARY_S = 1.0
+TARGET_ACTIONS_S = 2.0  # a round with 10 actions
+TARGET_RSS_MB = 500.0
+PARTS = ("slurm", "store", "decide", "actions", "rest")
+
+
+class Clock:
+    """Seconds spent per part of the round; calls made during the actions count as actions."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+        self.in_actions = False
+        self.lock = threading.Lock()
+
+    def add(self, part: str, seconds: float) -> None:
+        if self.in_actions and part in ("slurm", "store"):
+            return  # inside the actions' wall time (they run on several threads at once)
+        with self.lock:
+            self.spent[part] = self.spent.get(part, 0.0) + seconds
+
+    def timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(part, time.perf_counter() - t)
+
+        return call
+
+
+class Timed:
+    """Every method call of `inner` timed into `part` (attributes pass through)."""
+
+    def __init__(self, inner: Any, clock: Clock, part: str) -> None:
+        self._inner, self._clock, self._part = inner, clock, part
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        return self._clock.timed(self._part, attr) if callable(attr) and not name.startswith("_") else attr
+
+
+@dataclass
+class Round:
+    jobs: int
+    total: float
+    parts: dict[str, float]
+    actions: int
+    failed: int
+    rss_mb: float
+    error: str = ""
+
+
+@dataclass
+class SizeResult:
+    jobs: int
+    rounds: list[Round] = field(default_factory=list)
+    skipped_ticks: int = 0
+    register_s: float = 0.0
+    lost: int = 0
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def submit_array(cluster: DevCluster, n: int) -> str:
+    """`gandiva sbatch --array=0-(n-1)` of the tiny training job; returns the array's id."""
+    cmd = [
+        str(BIN / "gandiva"), "sbatch", "--parsable", f"--array=0-{n - 1}", "--gpus", "1", "--output=/dev/null",
+        "--", str(BIN / "python"), str(TRAIN), "--epochs", "100000", "--sleep-per-step", "0.1",
+    ]
+    env = {**os.environ, **cluster.env}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
+    if out.returncode != 0:
+        raise SystemExit(f"bench: gandiva sbatch failed: {out.stderr.strip() or out.stdout.strip()}")
+    return out.stdout.strip().split(";")[0]
+
+
+class Bench:
+    def __init__(self, cluster: DevCluster, state: Path, tick: float, quantum: float) -> None:
+        self.cluster = cluster
+        self.clock = Clock()
+        cfg = ControllerConfig(
+            state_dir=state, jobs_dir=cluster.jobs_dir, tick=tick, quantum=quantum, partitions=("gpu",),
+            topology_file=cluster.topology_path, slurm_conf=cluster.conf_path,
+        )
+        self.cfg = cfg
+        backend = make_backend(cluster.env)
+        self.backend = backend
+        self.store = Store(cfg.db_url)
+        self.ctl = Controller(cfg, Timed(backend, self.clock, "slurm"), Timed(self.store, self.clock, "store"))
+        self.ctl.policy = Timed(self.ctl.policy, self.clock, "decide")
+        execute = self.ctl.actor.execute
+
+        def act(*args: Any, **kwargs: Any) -> Any:
+            self.clock.in_actions = True
+            t = time.perf_counter()
+            try:
+                return execute(*args, **kwargs)
+            finally:
+                self.clock.in_actions = False
+                self.clock.add("actions", time.perf_counter() - t)
+
+        self.ctl.actor.execute = act  # type: ignore[method-assign]
+        self.next_at = 0.0
+        self.last_introspect = time.time()
+
+    def registered(self) -> int:
+        return len(self.store.list_jobs(states=ACTIVE))
+
+    def round(self, jobs: int) -> tuple[Round, int]:
+        """Wait for the next tick on the grid, run one round; returns it and the ticks it skipped."""
+        tick = self.cfg.tick
+        now = time.time()
+        self.next_at = max(self.next_at, (now // tick + 1) * tick)
+        time.sleep(max(0.0, self.next_at - now))
+        self.clock.spent = {}
+        t = time.perf_counter()
+        rep = self.ctl.tick()
+        total = time.perf_counter() - t
+        parts = dict(self.clock.spent)
+        parts["rest"] = max(0.0, total - sum(parts.get(p, 0.0) for p in PARTS if p != "rest"))
+        ended = time.time()
+        skipped = int(max(0.0, ended - self.next_at) // tick)
+        self.next_at += (skipped + 1) * tick
+        if ended - self.last_introspect >= self.cfg.introspect:
+            self.ctl.introspect()  # the controller's separate introspection job: not part of the round
+            self.last_introspect = time.time()
+        failed = sum(1 for r in rep.results if not r.ok)
+        return Round(jobs, total, parts, len(rep.results), failed, rss_mb(), rep.error), skipped
+
+    def lost(self, submitted: int) -> int:
+        """Submitted tasks that are neither waiting, running nor registered (or that failed)."""
+        snap = self.ctl.backend.snapshot()
+        tasks = [j for j in snap.jobs if j.comment == "gandiva"]
+        bad = sum(1 for j in tasks if j.finished)
+        registered = {r.job_id for r in self.store.list_jobs(states=ACTIVE)}
+        missing = sum(1 for j in tasks if not j.finished and j.job_id not in registered)
+        return bad + missing + max(0, submitted - len(tasks))
+
+
+def measure(bench: Bench, size: int, have: int, rounds: int) -> SizeResult:
+    res = SizeResult(size)
+    if size > have:
+        t = time.time()
+        submit_array(bench.cluster, size - have)
+        while bench.registered() < size:
+            bench.round(size)
+            if time.time() - t > 600:
+                raise SystemExit(f"bench: only {bench.registered()} of {size} jobs registered in 10 min")
+        res.register_s = time.time() - t
+    for _ in range(rounds):
+        r, skipped = bench.round(size)
+        res.rounds.append(r)
+        res.skipped_ticks += skipped
+        print(f"  {size:>6} jobs: round {r.total:6.3f} s, {r.actions:2d} actions"
+              + "".join(f", {p} {r.parts.get(p, 0.0):.3f}" for p in PARTS) + f", rss {r.rss_mb:.0f} MB",
+              flush=True)
+    res.lost = bench.lost(size)
+    return res
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def table(results: list[SizeResult], tick: float) -> str:
+    head = (f"{'jobs':>6} {'kind':<9} {'rounds':>6} {'median s':>9} {'max s':>7} "
+            + " ".join(f"{p:>8}" for p in PARTS) + f" {'actions':>8} {'baseline':>9} {'target':>7}")
+    lines = [head, "-" * len(head)]
+    for res in results:
+        for kind, rs in (("ordinary", [r for r in res.rounds if r.actions == 0]),
+                         ("actions", [r for r in res.rounds if r.actions > 0])):
+            if not rs:
+                continue
+            base = BASELINE_ORDINARY.get(res.jobs) if kind == "ordinary" else BASELINE_ACTIONS.get(res.jobs)
+            target = TARGET_ORDINARY_S if kind == "ordinary" else TARGET_ACTIONS_S
+            parts = " ".join(f"{_med([r.parts.get(p, 0.0) for r in rs]):8.3f}" for p in PARTS)
+            acts = f"{_med([float(r.actions) for r in rs]):.0f}" if kind == "actions" else "0"
+            lines.append(
+                f"{res.jobs:>6} {kind:<9} {len(rs):>6} {_med([r.total for r in rs]):9.3f} "
+                f"{max(r.total for r in rs):7.3f} {parts} {acts:>8} "
+                f"{(f'{base:.2f}' if base is not None else '-'):>9} {target:7.1f}"
+            )
+    lines.append("")
+    lines.append(f"{'jobs':>6} {'rounds over the tick':>21} {'ticks skipped':>14} {'max RSS MB':>11} "
+                 f"{'failed actions':>15} {'lost':>5} {'registering s':>14}")
+    for res in results:
+        over = sum(1 for r in res.rounds if r.total > tick)
+        lines.append(f"{res.jobs:>6} {over:>21} {res.skipped_ticks:>14} {max(r.rss_mb for r in res.rounds):11.0f} "
+                     f"{sum(r.failed for r in res.rounds):>15} {res.lost:>5} {res.register_s:14.0f}")
+    return "\n".join(lines)
+
+
+def verdict(results: list[SizeResult], tick: float) -> list[str]:
+    big = max(results, key=lambda r: r.jobs)
+    ordinary = [r.total for r in big.rounds if r.actions == 0]
+    tens = [r.total for r in big.rounds if r.actions >= 10]
+    ok_ordinary = bool(ordinary) and max(ordinary) <= TARGET_ORDINARY_S
+    ok_tens = bool(tens) and max(tens) <= TARGET_ACTIONS_S
+    out = [
+        f"ordinary round at {big.jobs} jobs: max {max(ordinary, default=float('nan')):.2f} s "
+        f"(target <= {TARGET_ORDINARY_S:g} s): {'met' if ok_ordinary else 'NOT met'}",
+        f"round with >= 10 actions at {big.jobs} jobs: max {max(tens, default=float('nan')):.2f} s over {len(tens)} "
+        f"(target <= {TARGET_ACTIONS_S:g} s): {'met' if ok_tens else 'NOT met'}",
+        f"memory: max {max(r.rss_mb for r in big.rounds):.0f} MB (target <= {TARGET_RSS_MB:g} MB)",
+        f"every tick kept: {'yes' if all(r.skipped_ticks == 0 for r in results) else 'NO'}; "
+        f"lost jobs: {sum(r.lost for r in results)}",
+    ]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="0,100,1000,10000")
+    ap.add_argument("--rounds", type=int, default=30, help="measured rounds per size (30 = 2.5 quanta)")
+    ap.add_argument("--tick", type=float, default=5.0)
+    ap.add_argument("--quantum", type=float, default=60.0)
+    ap.add_argument("--port-base", type=int, default=28000)
+    ap.add_argument("--state-dir", type=Path, default=None)
+    args = ap.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    state = args.state_dir or Path(tempfile.mkdtemp(prefix="gandiva-bench-scale-"))
+    state.chmod(0o755)  # the jobs read the cluster's files
+    (state / "controller").mkdir(exist_ok=True)
+    cluster = DevCluster(state / "cluster", port_base=args.port_base)
+    cluster.up()
+    results: list[SizeResult] = []
+    try:
+        bench = Bench(cluster, state / "controller", args.tick, args.quantum)
+        backend_name = type(bench.backend).__name__
+        bench.ctl.reconcile()
+        have = 0
+        for size in sizes:
+            results.append(measure(bench, size, have, args.rounds if size else min(args.rounds, 6)))
+            have = size
+    finally:
+        with contextlib.suppress(Exception):
+            subprocess.run(["scancel", "--full", "-u", "root"], env={**os.environ, **cluster.env}, check=False)
+        cluster.down()
+    caps = cluster.capabilities
+    print()
+    print(f"# command: .venv/bin/python benchmarks/bench_controller_scale.py --sizes {args.sizes} "
+          f"--rounds {args.rounds}")
+    print(f"# Slurm {caps.release_text}, {backend_name}; 2 nodes x 4 GPUs; "
+          f"policy {bench.cfg.policy}, tick {args.tick:g} s, quantum {args.quantum:g} s; "
+          f"date {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
+    job = shlex.join(["python", "examples/train.py", "--epochs", "100000", "--sleep-per-step", "0.1"])
+    print(f"# the jobs: gandiva sbatch --array=... --gpus 1 -- {job}")
+    print(table(results, args.tick))
+    print()
+    for line in verdict(results, args.tick):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
