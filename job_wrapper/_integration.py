@@ -76,6 +76,7 @@ class Suspender:
         self._listening = False
         self._agree_group: Any = None  # the gloo group of the per-step agreement, once connect_ranks() found one
         self._agree_buf: Any = None
+        self._agree_work: Any = None  # the all-reduce in flight
 
     # -- the signal -----------------------------------------------------------------------------------
 
@@ -111,7 +112,7 @@ class Suspender:
 
     def connect_ranks(self) -> bool:
         """Prepare `agree()` once torch.distributed is initialised with more than one rank (every rank must call
-        this, at the same point: it may create a process group). Returns whether the ranks must agree."""
+        this, at the same point: it creates a process group). Returns whether the ranks must agree."""
         if self._agree_buf is not None:
             return True
         import torch
@@ -119,24 +120,30 @@ class Suspender:
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
             return False
-        # A CPU collective even when training uses NCCL: an all-reduce of a GPU tensor and its .item() would
-        # wait for the GPU at every step.
-        self._agree_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        # A gloo group of its own: a CPU collective even when training uses NCCL (a GPU tensor's .item() would
+        # wait for the GPU at every step), never queued behind DDP's gradient all-reduces.
+        self._agree_group = dist.new_group(backend="gloo")
         self._agree_buf = torch.zeros(1, dtype=torch.int32)
         return True
 
     def agree(self, stop: bool) -> bool:
-        """Whether any rank wants to stop at this boundary (an all-reduce MAX of one int over gloo), so every rank
-        stops at the same step; `stop` itself when the ranks are not connected. A collective: every rank calls it
-        at every boundary."""
+        """Whether the ranks stop at this boundary; every rank gets the same answer. Each boundary starts an
+        all-reduce MAX of `stop` (one int, gloo, asynchronous: it runs during the next step) and answers with the
+        previous boundary's result, so the ranks stop one boundary after the first that any of them flagged.
+        `stop` itself when the ranks are not connected. A collective: every rank calls it at every boundary."""
         buf = self._agree_buf
         if buf is None:
             return stop
         import torch.distributed as dist
 
-        buf[0] = int(stop)
-        dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self._agree_group)
-        return bool(buf[0])
+        if self._agree_work is not None:
+            self._agree_work.wait()
+            self._agree_work = None
+            if buf.item():
+                return True
+        buf.fill_(int(stop))
+        self._agree_work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self._agree_group, async_op=True)
+        return False
 
     def barrier(self) -> None:
         """Wait for every rank (no-op when the ranks are not connected)."""
@@ -183,6 +190,9 @@ class Suspender:
         self.event("warning", message=message, **fields)
 
     def close(self, state: str) -> None:
+        if self._agree_work is not None:  # every rank started it: it completes
+            self._agree_work.wait()
+            self._agree_work = None
         self.stop_listening()
         if self._progress is not None:
             self._progress.stop(state)

@@ -168,6 +168,7 @@ class GandivaCallback(pl.Callback):
         self.resumed_from: Path | None = None
         self._loaders: list[ResumableLoader] = []
         self._rng: list[Any] | None = None
+        self._stop = False  # the ranks agreed to stop at the next optimizer step
 
     @property
     def checkpoint_path(self) -> Path:
@@ -251,10 +252,11 @@ class GandivaCallback(pl.Callback):
             n = batch_samples(batch) * trainer.world_size
         self.job.batch_done(n)
         self.job.epoch = trainer.current_epoch
-        # Only where the optimizer stepped: accumulated gradients are not part of a checkpoint.
-        stop = self.job.flag and ((batch_idx + 1) % trainer.accumulate_grad_batches == 0
-                                  or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
-        if self.job.agree(stop):  # every rank stops at the same batch: anyone's flag
+        # Every rank stops at the same batch (anyone's flag), and only where the optimizer stepped: accumulated
+        # gradients are not part of a checkpoint.
+        self._stop = self._stop or self.job.agree(self.job.flag)
+        if self._stop and ((batch_idx + 1) % trainer.accumulate_grad_batches == 0
+                           or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch):
             self._suspend(trainer)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

@@ -1,7 +1,8 @@
 """The Lightning and Hugging Face callbacks with two ranks (gandiva-wrapper --nprocs 2, gloo on CPU, no Slurm):
-only rank 1 sets the suspend flag, yet both ranks stop at the same step boundary, the framework's checkpoint is
-written once (complete: the HF marker after every rank's part), both exit 75, and the resumed run ends with the
-parameters of an uninterrupted 2-rank run, bit for bit."""
+only rank 1 sets the suspend flag, yet both ranks stop at the same step boundary (the one after the boundary
+where rank 1's flag went into the all-reduce), the framework's checkpoint is written once (complete: the HF
+marker after every rank's part), both exit 75, and the resumed run ends with the parameters of an uninterrupted
+2-rank run, bit for bit."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.timeout(300)
 
 JOB = Path(__file__).with_name("_multirank_job.py")
 WRAPPER = Path(sys.executable).with_name("gandiva-wrapper")
-STOP_AT = 2  # rank 1 sees the "signal" during step 2 (0-based): both stop after it, at step 3
+STOP_AT = 2  # rank 1 sees the "signal" during step 2 (0-based): its end starts the all-reduce, the next stops
+STOPPED = STOP_AT + 2  # steps trained when both stop
 
 
 def wrapper(state: Path, framework: str, *args: str) -> subprocess.Popen[str]:
@@ -52,13 +54,13 @@ def test_ranks_agree_on_the_stop_step_save_once_and_resume_bit_for_bit(tmp_path:
         import torch
 
         st = torch.load(state / "lightning.ckpt", weights_only=False)
-        assert st["gandiva"]["step"] == STOP_AT + 1 and st["gandiva"]["world_size"] == 2
+        assert st["gandiva"]["step"] == STOPPED and st["gandiva"]["world_size"] == 2
         assert len(st["gandiva"]["rng"]) == 2
         assert not list(state.glob("lightning.ckpt.tmp*"))  # rank 0's temporary file became the checkpoint
     else:
-        saved = state / "hf" / f"checkpoint-{STOP_AT + 1}"
+        saved = state / "hf" / f"checkpoint-{STOPPED}"
         mark = json.loads((saved / "gandiva.json").read_text())
-        assert mark["step"] == STOP_AT + 1 and mark["world_size"] == 2
+        assert mark["step"] == STOPPED and mark["world_size"] == 2
         assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors"} <= set(mark["files"])
         assert [p.name for p in (state / "hf").iterdir()] == [saved.name]
     events = [e["event"] for e in read_events(state / "events.jsonl")]
