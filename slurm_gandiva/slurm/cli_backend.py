@@ -205,13 +205,16 @@ class CliBackend:
         """Job id -> its `squeue -O` line, in squeue's order; None if a line cannot be read (then the
         caller reads everything as JSON)."""
         fmt = ",".join(f"{f}:|" for f in _FINGERPRINT)
-        out = self._run(["squeue", "--noheader", "--states=all", f"--Format={fmt}"], "squeue")
+        # --array: one line per array task. Without it squeue folds an array's pending tasks into one line,
+        # those with a record of their own (a suspended task) included, and such a record would go unseen.
+        # A record still holding several tasks prints a line for each, under its own id: joined.
+        out = self._run(["squeue", "--noheader", "--array", "--states=all", f"--Format={fmt}"], "squeue")
         listing: dict[str, str] = {}
         for line in out.splitlines():
             rid = line.split("|", 1)[0].strip()
             if not rid.isdigit():
                 return None
-            listing[rid] = line
+            listing[rid] = f"{listing[rid]}\n{line}" if rid in listing else line
         return listing
 
     def _squeue_records(self, *filters: str) -> dict[str, Mapping[str, Any]]:

@@ -143,3 +143,28 @@ def test_an_unreadable_listing_line_falls_back_to_json(monkeypatch: pytest.Monke
     monkeypatch.setattr(b, "_run", garbled)
     assert states(b.snapshot().jobs) == {"1": "PENDING"}
     assert json_calls(fake) == ["--json --states=all"]
+
+
+def test_an_arrays_task_lines_make_one_fingerprint_of_its_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    fake.add(16, array_job_id=16, array_task_string="0,2-3")
+    b = backend(fake, monkeypatch)
+    real = fake.run
+    tasks = ["0", "2", "3"]
+
+    def per_task(argv: Sequence[str], what: str, **kw: Any) -> str:
+        if any(a.startswith("--Format=") for a in argv):
+            assert "--array" in argv  # else squeue folds tasks with records of their own into one line
+            real(argv, what, **kw)
+            return "".join(f"16|16|{t}|PENDING|JobHeldAdmin|\n" for t in tasks)
+        return real(argv, what, **kw)
+
+    monkeypatch.setattr(b, "_run", per_task)
+    assert sorted(states(b.snapshot().jobs)) == ["16_0", "16_2", "16_3"]
+    fake.calls.clear()
+    b.snapshot()
+    assert json_calls(fake) == []
+    tasks.remove("2")  # task 2 got a record of its own: the array's record changed
+    fake.jobs[16]["array_task_string"] = "0,3"
+    assert sorted(states(b.snapshot().jobs)) == ["16_0", "16_3"]
+    assert json_calls(fake) == ["--json --states=all"]
