@@ -1,8 +1,8 @@
 """Per-step cost of the ranks' agreement (`Suspender.agree`: an asynchronous all-reduce MAX of one int over
-gloo), 2 ranks; not a test (benchmarks/bench_wrapper.py is where it belongs, see
+gloo), 2 ranks (results in
 benchmarks/results/wrapper_frameworks.txt). Run under the wrapper:
 
-    gandiva-wrapper --state-dir /tmp/agree --nprocs 2 -- python tests/unit/wrapper/_bench_agree.py [STEPS RUNS MS]
+    gandiva-wrapper --state-dir /tmp/agree --nprocs 2 -- python benchmarks/bench_agreement.py [STEPS RUNS MS]
 
 Steps of MS ms (time.sleep, standing for GPU time: the CPU is free meanwhile) that end with a blocking all-reduce
 of 1,000 floats on the default group (standing for DDP's gradient sync, which already makes every step wait for
