@@ -87,7 +87,9 @@ class CliBackend:
         clock: Callable[[], float] = time.time,
         capabilities: SlurmCapabilities | None = None,
     ) -> None:
-        self.env = dict(env or {})
+        # SLURM_BITSTR_LEN=0: Slurm's commands otherwise cut a job array's task list at 64 characters
+        # ("0-1,3-5,...,57-71...") and the tasks past the cut could not be told apart from gone ones.
+        self.env = {**dict(env or {}), "SLURM_BITSTR_LEN": "0"}
         self.timeout = timeout
         self._clock = clock
         self._caps = capabilities

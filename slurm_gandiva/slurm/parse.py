@@ -338,8 +338,15 @@ def array_jobs(raw: Mapping[str, Any], job: SlurmJob) -> Iterator[SlurmJob]:
     if raw.get("array_task_id") is not None and task >= 0 and task != _NO_VAL:
         yield dataclasses.replace(job, job_id=f"{array}_{task}", array_id=str(array), array_max_tasks=limit)
         return
+    spec = text(raw.get("array_task_string"))
+    if spec.rstrip().endswith("..."):
+        # Slurm's client cuts the list at SLURM_BITSTR_LEN (default 64 characters): read as it stands, the
+        # tasks past the cut would look gone (and be settled as cancelled).
+        raise ParseError(
+            f"squeue cut job array {array}'s task list short ({spec[-24:]!r}): run it with SLURM_BITSTR_LEN=0"
+        )
     try:
-        tasks, spec_limit = parse_array_spec(text(raw.get("array_task_string")))
+        tasks, spec_limit = parse_array_spec(spec)
     except ValueError:
         return
     limit = limit or spec_limit

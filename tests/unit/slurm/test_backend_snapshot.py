@@ -168,3 +168,15 @@ def test_an_arrays_task_lines_make_one_fingerprint_of_its_record(monkeypatch: py
     fake.jobs[16]["array_task_string"] = "0,3"
     assert sorted(states(b.snapshot().jobs)) == ["16_0", "16_3"]
     assert json_calls(fake) == ["--json --states=all"]
+
+
+def test_slurm_commands_run_with_the_whole_array_task_list() -> None:
+    assert CliBackend({"SLURM_BITSTR_LEN": "64"}).env["SLURM_BITSTR_LEN"] == "0"
+
+
+def test_a_cut_array_task_list_is_an_error_not_gone_tasks() -> None:
+    from slurm_gandiva.slurm import parse
+
+    rec = {"job_id": 1, "job_state": "PENDING", "array_job_id": 1, "array_task_string": "0-1,3-5,57-71..."}
+    with pytest.raises(parse.ParseError, match="SLURM_BITSTR_LEN=0"):
+        parse.parse_squeue({"jobs": [rec]})
