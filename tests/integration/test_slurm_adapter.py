@@ -241,3 +241,18 @@ def test_stopped_slurmctld_is_unreachable(slurm_cluster: DevCluster, tmp_path: P
     for call in (backend.jobs, lambda: backend.hold("1")):
         with pytest.raises(SlurmUnreachable, match="is slurmctld running"):
             call()
+
+
+def test_an_arrays_long_task_list_is_read_whole(slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]) -> None:
+    """Slurm's commands cut an array's task list at 64 characters unless told otherwise: 60 tasks with
+    gaps, three split off (as the controller's placements split them), must all be listed, by both the
+    snapshot and the full read (a task missing from them would be settled as cancelled)."""
+    tasks = list(range(0, 120, 2))
+    spec = ",".join(map(str, tasks))
+    aid = submit(slurm, job_dir, cleanup_jobs, "--hold", f"--array={spec}", script="#!/bin/bash\nsleep 60\n")
+    assert aid.isdigit()
+    for t in (10, 50, 90):
+        slurm.update(f"{aid}_{t}", nodelist="n1")  # splits the task off the array's record
+    want = {f"{aid}_{t}" for t in tasks}
+    for jobs in (slurm.snapshot().jobs, slurm.jobs(), slurm.snapshot().jobs):
+        assert {j.job_id for j in jobs if j.array_id == aid} == want
