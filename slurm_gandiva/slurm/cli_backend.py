@@ -7,6 +7,7 @@ import os
 import pwd
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -267,7 +268,45 @@ class CliBackend:
         if not re.fullmatch(r"[A-Z0-9]+", sig):
             raise InvalidRequest(f"bad signal name {signal_name!r}: use a name like USR2")
         scope = "--batch" if batch_only else "--full"
-        self._run(["scancel", f"--signal={sig}", scope, _job_id(job_id)], f"signal {sig} to job {job_id}")
+        jid = _job_id(job_id)
+        what = f"signal {sig} to job {jid}"
+        if "_" in jid:
+            self._signal_array_task(["scancel", "--verbose", f"--signal={sig}", scope, jid], what)
+            return
+        self._run(["scancel", f"--signal={sig}", scope, jid], what)
+
+    def _signal_array_task(self, argv: list[str], what: str) -> None:
+        """scancel --signal for one task of a job array. While other tasks of its array wait, slurmctld signals
+        the task and answers "Job can not be altered now" all the same (job_str_signal gives every signal but
+        SIGKILL to an array with pending tasks that answer; every supported release), and scancel then sends
+        it again every 5-14 s for a minute and a half. Its verbose "transitional state, retrying" therefore
+        means sent: scancel is stopped there. A running task has a record of its own and is signalled; one
+        that does not run is not, which the caller sees in the job's state, as for any job."""
+        env = {**os.environ, **self.env}
+        try:
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        except FileNotFoundError:
+            raise SlurmUnreachable(f"{what}: scancel not found: install Slurm (bash scripts/setup.sh)") from None
+        timer = threading.Timer(self.timeout, proc.kill)
+        timer.start()
+        lines: list[str] = []
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                low = line.lower()
+                if "state, retrying" in low and ("transitional" in low or "transistional" in low):
+                    proc.kill()
+                    proc.wait()
+                    return
+                if not line.startswith("scancel: ") or "error" in low:
+                    lines.append(line)
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+        if rc < 0:
+            raise SlurmUnreachable(f"{what}: no answer within {self.timeout:g}s: is slurmctld running?")
+        if rc != 0:
+            raise _classify(what, "".join(lines), rc)
 
     def requeue_hold(self, job_id: str) -> None:
         self._run(["scontrol", "requeuehold", _job_id(job_id)], f"requeuehold job {job_id}")

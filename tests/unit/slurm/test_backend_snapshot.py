@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from slurm_gandiva.errors import UnknownJob
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.slurm.cli_backend import CliBackend
 
@@ -180,3 +184,32 @@ def test_a_cut_array_task_list_is_an_error_not_gone_tasks() -> None:
     rec = {"job_id": 1, "job_state": "PENDING", "array_job_id": 1, "array_task_string": "0-1,3-5,57-71..."}
     with pytest.raises(parse.ParseError, match="SLURM_BITSTR_LEN=0"):
         parse.parse_squeue({"jobs": [rec]})
+
+
+def _fake_scancel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/log\n{body}\n")
+    (bin_dir / "scancel").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return tmp_path / "log"
+
+
+def test_an_array_tasks_signal_sent_despite_slurms_transition_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmctld signals the task and answers "can not be altered now" while other tasks of its array wait;
+    scancel would retry (and signal again) for 95 s: its first "retrying" means sent."""
+    retrying = 'echo "scancel: Job is in transitional state, retrying" >&2; sleep 60'
+    log = _fake_scancel(tmp_path, monkeypatch, retrying)
+    t = time.monotonic()
+    CliBackend(capabilities=SlurmCapabilities.for_release((24, 11, 5))).signal("7_3", "USR2")
+    assert time.monotonic() - t < 10
+    assert log.read_text().split() == ["--verbose", "--signal=USR2", "--batch", "7_3"]
+
+
+def test_an_array_tasks_signal_error_is_classified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    err = "scancel: error: Kill job error on job id 7_3: Invalid job id specified"
+    _fake_scancel(tmp_path, monkeypatch, f'echo "{err}" >&2; exit 1')
+    with pytest.raises(UnknownJob):
+        CliBackend(capabilities=SlurmCapabilities.for_release((24, 11, 5))).signal("7_3", "USR2")
