@@ -4,9 +4,12 @@ Starts its own DevCluster (2 nodes x 4 fake GPUs, default port base 28000) of th
 (`scripts/slurm-release.sh`: `gandiva_slurm_use 24.11`), and a Controller in this process with the
 production defaults of etc/gandiva.conf (policy gandiva, quantum 60 s, tick 5 s), ticking on the 5 s grid
 as `gandiva controller` does. The managed jobs are submitted with `gandiva sbatch --array` as job arrays
-(each size adds to the jobs already there) and run examples/train.py under gandiva-wrapper (a tiny model
-sleeping 0.1 s a step, standing for GPU time), so that the controller really time-slices them: every
-quantum it suspends the 8 running jobs and resumes 8 others through the requeue protocol.
+(each size adds to the jobs already there) and run benchmarks/scale_job.py under gandiva-wrapper (no
+PyTorch: it sleeps until the controller's signal and exits as suspended at once), so that the controller
+really time-slices them (every quantum it suspends the running jobs and resumes others through the
+requeue protocol) while the bench measures the controller, not 16 interpreters importing torch at once on
+the same 2 cores (a real cluster runs the jobs on other machines; bench_requeue.py measures the jobs' side
+of a switch).
 
 For each size, once every job is registered, it runs `--rounds` rounds and prints, per round kind
 (ordinary: no action; with actions), the round time split into Slurm queries (every backend call outside
@@ -29,6 +32,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,7 +53,7 @@ from slurm_gandiva.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TRAIN = ROOT / "examples" / "train.py"
+JOB = ROOT / "benchmarks" / "scale_job.py"
 ACTIVE = (JobState.QUEUED, JobState.RUNNING, JobState.SUSPENDED)
 BASELINE_ORDINARY = {0: 0.02, 100: 0.10, 500: 0.44, 1000: 0.85}  # s, issue 18 (the controller before it)
 BASELINE_ACTIONS = {500: 7.8, 1000: 10.4}  # s, the longest round with actions
@@ -126,7 +130,7 @@ def submit_array(cluster: DevCluster, n: int) -> str:
     """`gandiva sbatch --array=0-(n-1)` of the tiny training job; returns the array's id."""
     cmd = [
         str(BIN / "gandiva"), "sbatch", "--parsable", f"--array=0-{n - 1}", "--gpus", "1", "--output=/dev/null",
-        "--", str(BIN / "python"), str(TRAIN), "--epochs", "100000", "--sleep-per-step", "0.1",
+        "--", str(BIN / "python"), str(JOB),
     ]
     env = {**os.environ, **cluster.env}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
@@ -272,12 +276,13 @@ def verdict(results: list[SizeResult], tick: float) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="0,100,1000,10000")
-    ap.add_argument("--rounds", type=int, default=30, help="measured rounds per size (30 = 2.5 quanta)")
+    ap.add_argument("--rounds", type=int, default=40, help="measured rounds per size (40 = 3.3 quanta)")
     ap.add_argument("--tick", type=float, default=5.0)
     ap.add_argument("--quantum", type=float, default=60.0)
     ap.add_argument("--port-base", type=int, default=28000)
     ap.add_argument("--state-dir", type=Path, default=None)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still take the cluster down
     sizes = sorted(int(s) for s in args.sizes.split(","))
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="gandiva-bench-scale-"))
     state.chmod(0o755)  # the jobs read the cluster's files
@@ -304,8 +309,7 @@ def main() -> None:
     print(f"# Slurm {caps.release_text}, {backend_name}; 2 nodes x 4 GPUs; "
           f"policy {bench.cfg.policy}, tick {args.tick:g} s, quantum {args.quantum:g} s; "
           f"date {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
-    job = shlex.join(["python", "examples/train.py", "--epochs", "100000", "--sleep-per-step", "0.1"])
-    print(f"# the jobs: gandiva sbatch --array=... --gpus 1 -- {job}")
+    print(f"# the jobs: gandiva sbatch --array=... --gpus 1 -- {shlex.join(['python', 'benchmarks/scale_job.py'])}")
     print(table(results, args.tick))
     print()
     for line in verdict(results, args.tick):

@@ -8,8 +8,8 @@
 # the suite mostly waits on training jobs, so two runs take about 11 minutes where one takes 9 (2 cores).
 # GANDIVA_TEST_PARALLEL=1 tests one release at a time. Releases after the first build in the background.
 # These runs use the CLI backend. Where 25.11 is tested, pyslurm 25.11.2 is built against it (background too)
-# and a last run tests the pyslurm backend there: the real-Slurm suite through it (without the job-side
-# framework tests), beside its own tests.
+# and, beside the batch that tests 25.11, the pyslurm backend is tested there: the real-Slurm suite through
+# it (without the job-side framework tests, ports from base+3000) and its own tests.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -74,6 +74,29 @@ if [ "$(id -u)" -eq 0 ]; then
     id -u "$u" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$u"
   done
 fi
+pyslurm_run() {  # pyslurm_run NAME PORT_BASE PYTEST-ARGS...: a pytest run through the pyslurm backend on $pyslurm_rel
+  gandiva_slurm_use "$pyslurm_rel"
+  prefix=$(gandiva_slurm_prefix "$pyslurm_rel")
+  export GANDIVA_TEST_PORT_BASE=$2 GANDIVA_SLURM_BACKEND=pyslurm LD_LIBRARY_PATH=$prefix/lib
+  echo "== pytest: $1 through the pyslurm backend on Slurm $(gandiva_slurm_version "$pyslurm_rel") ($prefix)"
+  exec "${pytest_[@]}" "${@:3}"
+}
+pys_suite_pid=""
+pys_own_pid=""
+start_pyslurm() {  # the pyslurm runs, in the background beside the batch that tests $pyslurm_rel
+  # The whole real-Slurm suite again, every in-process query and action and the controller's through
+  # pyslurm, on its own cluster (ports from base+3000); beside it (another process: libslurm holds one
+  # cluster per process) the backend's own tests on theirs (GANDIVA_PYSLURM_PORT_BASE, 18800).
+  # The job-side integrations (DataLoader, Lightning, HF Trainer) reach Slurm only through the protocol
+  # calls the rest of the suite makes: left out here for CI's time, run on every release with the CLI.
+  echo "== real-Slurm tests through pyslurm on Slurm $pyslurm_rel running (logs: $logs/pytest-pyslurm*.log)"
+  (pyslurm_run "the real-Slurm suite" $((base + 3000)) -m slurm tests/ --ignore=tests/integration/test_loader.py \
+    --ignore=tests/integration/test_frameworks.py "$@") >"$logs/pytest-pyslurm.log" 2>&1 &
+  pys_suite_pid=$!
+  (pyslurm_run "the pyslurm backend's own tests" "$base" -m pyslurm tests/integration/test_pyslurm_backend.py "$@") \
+    >"$logs/pytest-pyslurm-own.log" 2>&1 &
+  pys_own_pid=$!
+}
 mapfile -t todo < <(echo "$releases")
 while [ ${#todo[@]} -gt 0 ]; do
   batch=("${todo[@]:0:$parallel}")
@@ -85,10 +108,6 @@ while [ ${#todo[@]} -gt 0 ]; do
     fi
   done
   [ ${#batch[@]} -gt 0 ] || break
-  if [ ${#batch[@]} -eq 1 ]; then
-    (suite "${batch[0]}" "$base" "$@") || { status=1; failed+=("real-Slurm tests on ${batch[0]}"); }
-    continue
-  fi
   pids=()
   for i in "${!batch[@]}"; do
     rel=${batch[$i]}
@@ -96,6 +115,16 @@ while [ ${#todo[@]} -gt 0 ]; do
     (suite "$rel" $((base + 1000 * i)) "$@") >"$logs/pytest-$rel.log" 2>&1 &
     pids+=($!)
   done
+  # The pyslurm runs go beside the batch that tests its release (the suites mostly wait on training jobs).
+  if [ -n "$pyslurm_pid" ] && [[ " ${batch[*]} " == *" $pyslurm_rel "* ]]; then
+    if wait "$pyslurm_pid"; then
+      start_pyslurm "$@"
+    else
+      status=1
+      failed+=("installing pyslurm")
+    fi
+    pyslurm_pid=""
+  fi
   for i in "${!batch[@]}"; do
     rel=${batch[$i]}
     rc=0
@@ -104,35 +133,17 @@ while [ ${#todo[@]} -gt 0 ]; do
     [ "$rc" -eq 0 ] || { status=1; failed+=("real-Slurm tests on $rel"); }
   done
 done
-if [ -n "$pyslurm_rel" ] && [ -n "$pyslurm_pid" ]; then
-  if wait "$pyslurm_pid"; then
-    pyslurm_run() {  # pyslurm_run NAME PYTEST-ARGS...: a pytest run through the pyslurm backend on $pyslurm_rel
-      gandiva_slurm_use "$pyslurm_rel"
-      prefix=$(gandiva_slurm_prefix "$pyslurm_rel")
-      export GANDIVA_TEST_PORT_BASE=$base GANDIVA_SLURM_BACKEND=pyslurm LD_LIBRARY_PATH=$prefix/lib
-      echo "== pytest: $1 through the pyslurm backend on Slurm $(gandiva_slurm_version "$pyslurm_rel") ($prefix)"
-      exec "${pytest_[@]}" "${@:2}"
-    }
-    # The whole real-Slurm suite again, every in-process query and action and the controller's through
-    # pyslurm; beside it (another process: libslurm holds one cluster per process) the backend's own tests
-    # on their own cluster (GANDIVA_PYSLURM_PORT_BASE, 18800).
-    # The job-side integrations (DataLoader, Lightning, HF Trainer) reach Slurm only through the protocol
-    # calls the rest of the suite makes: left out here for CI's time, run on every release above.
-    (pyslurm_run "the real-Slurm suite" -m slurm tests/ --ignore=tests/integration/test_loader.py \
-      --ignore=tests/integration/test_frameworks.py "$@") >"$logs/pytest-pyslurm.log" 2>&1 &
-    suite_pid=$!
-    own_rc=0
-    (pyslurm_run "the pyslurm backend's own tests" -m pyslurm tests/integration/test_pyslurm_backend.py "$@") \
-      >"$logs/pytest-pyslurm-own.log" 2>&1 || own_rc=$?
-    suite_rc=0
-    wait "$suite_pid" || suite_rc=$?
-    cat "$logs/pytest-pyslurm.log" "$logs/pytest-pyslurm-own.log"
-    [ "$suite_rc" -eq 0 ] || { status=1; failed+=("real-Slurm tests through pyslurm on $pyslurm_rel"); }
-    [ "$own_rc" -eq 0 ] || { status=1; failed+=("pyslurm backend's own tests on $pyslurm_rel"); }
-  else
-    status=1
-    failed+=("installing pyslurm")
-  fi
+if [ -n "$pys_suite_pid" ]; then
+  suite_rc=0
+  wait "$pys_suite_pid" || suite_rc=$?
+  own_rc=0
+  wait "$pys_own_pid" || own_rc=$?
+  cat "$logs/pytest-pyslurm.log" "$logs/pytest-pyslurm-own.log"
+  [ "$suite_rc" -eq 0 ] || { status=1; failed+=("real-Slurm tests through pyslurm on $pyslurm_rel"); }
+  [ "$own_rc" -eq 0 ] || { status=1; failed+=("pyslurm backend's own tests on $pyslurm_rel"); }
+elif [ -n "$pyslurm_pid" ]; then
+  status=1
+  failed+=("the pyslurm runs (Slurm $pyslurm_rel was not tested)")
 fi
 if [ "$status" -ne 0 ]; then
   echo "test.sh: FAILED: ${failed[*]}" >&2

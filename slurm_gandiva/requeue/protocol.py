@@ -620,7 +620,8 @@ class RequeueProtocol:
             return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
 
         def verify() -> str:
-            got = placement_of(self.backend.job(job_id))
+            # The read that saw it running names its GPUs already (Slurm allocates them at the start).
+            got = placement_of(job) if (job.gpus or job.shards) else placement_of(self.backend.job(job_id))
             if got != placement:
                 raise ProtocolError(
                     f"job {job_id} runs on {got}, not on {placement} as asked; check gres.conf for the node"
