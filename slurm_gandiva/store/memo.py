@@ -14,6 +14,7 @@ With 10,000 managed jobs a steady round then builds no records at all, where rea
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
@@ -45,21 +46,25 @@ class MemoStore:
         self._history: dict[str, tuple[SliceRecord, ...]] = {}  # every slice of the job, in start order
         self._rates: dict[str, tuple[RateRecord, ...]] = {}
         self._active: dict[str, JobRecord] | None = None  # the jobs in an active state, once read
+        # The actor's threads and the introspection job write while a round reads.
+        self._lock = threading.RLock()
 
     # -- memo housekeeping ------------------------------------------------------------------------
     def forget(self) -> None:
         """Drop everything remembered."""
-        self._jobs.clear()
-        self._history.clear()
-        self._rates.clear()
-        self._active = None
+        with self._lock:
+            self._jobs.clear()
+            self._history.clear()
+            self._rates.clear()
+            self._active = None
 
     def retain(self, job_ids: Iterable[str]) -> None:
         """Keep what is remembered of `job_ids` and of the active jobs only."""
-        keep = set(job_ids) | set(self._active or ())
-        _keep_only(self._jobs, keep)
-        _keep_only(self._history, keep)
-        _keep_only(self._rates, keep)
+        with self._lock:
+            keep = set(job_ids) | set(self._active or ())
+            _keep_only(self._jobs, keep)
+            _keep_only(self._history, keep)
+            _keep_only(self._rates, keep)
 
     def _wrote_job(self, rec: JobRecord) -> JobRecord:
         self._jobs[rec.job_id] = rec
@@ -110,52 +115,58 @@ class MemoStore:
         state_dir: str | None = None,
         signal: str | None = None,
     ) -> JobRecord:
-        return self._wrote_job(self._guarded(spec.job_id, lambda: self.inner.upsert_job(
-            spec, at=at, state=state, partition=partition, state_dir=state_dir, signal=signal
-        )))
+        with self._lock:
+            return self._wrote_job(self._guarded(spec.job_id, lambda: self.inner.upsert_job(
+                spec, at=at, state=state, partition=partition, state_dir=state_dir, signal=signal
+            )))
 
     def get_job(self, job_id: str) -> JobRecord | None:
         return self.jobs_by_id([job_id]).get(job_id)
 
     def jobs_by_id(self, job_ids: Iterable[str]) -> dict[str, JobRecord]:
-        ids = list(dict.fromkeys(job_ids))
-        missing = [jid for jid in ids if jid not in self._jobs]
-        if missing:
-            found = self.inner.jobs_by_id(missing)
-            for jid in missing:
-                self._jobs[jid] = found.get(jid)
-        out: dict[str, JobRecord] = {}
-        for jid in ids:
-            rec = self._jobs[jid]
-            if rec is not None:
-                out[jid] = rec
-        return out
+        with self._lock:
+            ids = list(dict.fromkeys(job_ids))
+            missing = [jid for jid in ids if jid not in self._jobs]
+            if missing:
+                found = self.inner.jobs_by_id(missing)
+                for jid in missing:
+                    self._jobs[jid] = found.get(jid)
+            out: dict[str, JobRecord] = {}
+            for jid in ids:
+                rec = self._jobs[jid]
+                if rec is not None:
+                    out[jid] = rec
+            return out
 
     def list_jobs(
         self, *, states: Iterable[JobState] | None = None, users: Iterable[str] | None = None
     ) -> tuple[JobRecord, ...]:
-        wanted = None if states is None else frozenset(states)
-        if users is not None or wanted is None or not wanted <= _ACTIVE:
-            return self.inner.list_jobs(states=states, users=users)
-        if self._active is None:
-            self._active = {r.job_id: r for r in self.inner.list_jobs(states=_ACTIVE)}
-            for rec in self._active.values():
-                self._jobs[rec.job_id] = rec
-        found = [r for r in self._active.values() if r.state in wanted]
-        found.sort(key=lambda r: (r.spec.submit_time, r.job_id))  # the store's own order
-        return tuple(found)
+        with self._lock:
+            wanted = None if states is None else frozenset(states)
+            if users is not None or wanted is None or not wanted <= _ACTIVE:
+                return self.inner.list_jobs(states=states, users=users)
+            if self._active is None:
+                self._active = {r.job_id: r for r in self.inner.list_jobs(states=_ACTIVE)}
+                for rec in self._active.values():
+                    self._jobs[rec.job_id] = rec
+            found = [r for r in self._active.values() if r.state in wanted]
+            found.sort(key=lambda r: (r.spec.submit_time, r.job_id))  # the store's own order
+            return tuple(found)
 
     def set_job_state(self, job_id: str, state: JobState, *, at: float) -> JobRecord:
-        return self._wrote_job(self._guarded(job_id, lambda: self.inner.set_job_state(job_id, state, at=at)))
+        with self._lock:
+            return self._wrote_job(self._guarded(job_id, lambda: self.inner.set_job_state(job_id, state, at=at)))
 
     # -- slices -----------------------------------------------------------------------------------
     def open_slice(self, job_id: str, placement: Placement, start: float) -> SliceRecord:
-        self._history.pop(job_id, None)
-        return self._guarded(job_id, lambda: self.inner.open_slice(job_id, placement, start))
+        with self._lock:
+            self._history.pop(job_id, None)
+            return self._guarded(job_id, lambda: self.inner.open_slice(job_id, placement, start))
 
     def close_slice(self, job_id: str, end: float, reason: SliceEnd) -> SliceRecord | None:
-        self._history.pop(job_id, None)
-        return self._guarded(job_id, lambda: self.inner.close_slice(job_id, end, reason))
+        with self._lock:
+            self._history.pop(job_id, None)
+            return self._guarded(job_id, lambda: self.inner.close_slice(job_id, end, reason))
 
     def _histories(self, job_ids: Iterable[str]) -> Iterator[tuple[str, tuple[SliceRecord, ...]]]:
         ids = list(dict.fromkeys(job_ids))
@@ -173,12 +184,13 @@ class MemoStore:
         return self.open_slices([job_id]).get(job_id)
 
     def open_slices(self, job_ids: Iterable[str]) -> dict[str, SliceRecord]:
-        out: dict[str, SliceRecord] = {}
-        for jid, history in self._histories(job_ids):
-            for s in history:
-                if s.is_open:
-                    out[jid] = s
-        return out
+        with self._lock:
+            out: dict[str, SliceRecord] = {}
+            for jid, history in self._histories(job_ids):
+                for s in history:
+                    if s.is_open:
+                        out[jid] = s
+            return out
 
     def slices(
         self,
@@ -188,11 +200,12 @@ class MemoStore:
         start: float | None = None,
         end: float | None = None,
     ) -> tuple[SliceRecord, ...]:
-        if job_ids is None or users is not None or start is not None or end is not None:
-            return self.inner.slices(job_ids=job_ids, users=users, start=start, end=end)
-        out = [s for _jid, history in self._histories(job_ids) for s in history]
-        out.sort(key=lambda s: (s.start, s.id))
-        return tuple(out)
+        with self._lock:
+            if job_ids is None or users is not None or start is not None or end is not None:
+                return self.inner.slices(job_ids=job_ids, users=users, start=start, end=end)
+            out = [s for _jid, history in self._histories(job_ids) for s in history]
+            out.sort(key=lambda s: (s.start, s.id))
+            return tuple(out)
 
     # -- decisions and protocol steps (not remembered) --------------------------------------------
     def record_intent(self, job_id: str, action: Action, placement: Placement | None, reason: str, at: float) -> int:
@@ -225,20 +238,22 @@ class MemoStore:
 
     # -- rates and events -------------------------------------------------------------------------
     def record_rate(self, job_id: str, gpus: int, locality: Locality, rate: float, at: float) -> int:
-        self._rates.pop(job_id, None)
-        return self._guarded(job_id, lambda: self.inner.record_rate(job_id, gpus, locality, rate, at))
+        with self._lock:
+            self._rates.pop(job_id, None)
+            return self._guarded(job_id, lambda: self.inner.record_rate(job_id, gpus, locality, rate, at))
 
     def rates(self, job_id: str) -> tuple[RateRecord, ...]:
         return self.rates_by_job([job_id]).get(job_id, ())
 
     def rates_by_job(self, job_ids: Iterable[str]) -> dict[str, tuple[RateRecord, ...]]:
-        ids = list(dict.fromkeys(job_ids))
-        missing = [jid for jid in ids if jid not in self._rates]
-        if missing:
-            found = self.inner.rates_by_job(missing)
-            for jid in missing:
-                self._rates[jid] = found.get(jid, ())
-        return {jid: self._rates[jid] for jid in ids if self._rates[jid]}
+        with self._lock:
+            ids = list(dict.fromkeys(job_ids))
+            missing = [jid for jid in ids if jid not in self._rates]
+            if missing:
+                found = self.inner.rates_by_job(missing)
+                for jid in missing:
+                    self._rates[jid] = found.get(jid, ())
+            return {jid: self._rates[jid] for jid in ids if self._rates[jid]}
 
     def record_event(self, kind: str, job_id: str | None, detail: str, at: float) -> int:
         return self.inner.record_event(kind, job_id, detail, at)

@@ -105,3 +105,33 @@ def test_a_failed_write_forgets_the_job(tmp_path: Path) -> None:
     with pytest.raises(Exception):
         memo.open_slice("1", Placement((GpuRef("n1", 1),)), 1.0)  # another open slice: refused
     assert reads(memo, ["1", "1", "1"]) == reads(plain, ["1", "1", "1"])
+
+
+def test_writes_from_other_threads_while_a_round_reads(tmp_path: Path) -> None:
+    """The introspection job records rates, the actor's threads write slices, while a round reads."""
+    import threading
+
+    memo = MemoStore(Store(tmp_path / "s.db"))
+    ids = [str(k) for k in range(20)]
+    for k in ids:
+        memo.upsert_job(JobSpec(k, "u", 1, 1, 0.0), at=0.0)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def write() -> None:
+        try:
+            for n in range(60):
+                memo.record_rate(ids[n % 20], 1, Locality.NODE, 1.0 + n, float(n))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=write)
+    t.start()
+    while not done.is_set():
+        memo.rates_by_job(ids)
+        memo.slices(job_ids=ids)
+    t.join()
+    assert not errors
+    assert sum(len(r) for r in memo.rates_by_job(ids).values()) == 60
