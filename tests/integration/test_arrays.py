@@ -1,4 +1,4 @@
-"""Job arrays on the real local Slurm: `gandiva sbatch --array=0-11%6`, 12 real PyTorch trainings on 8 GPUs,
+"""Job arrays on the real local Slurm: `gandiva sbatch --array=0-11%8`, 12 real PyTorch trainings on 8 GPUs,
 time-sliced by the controller as managed jobs named ARRAY_TASK.
 
 Acceptance (issue 18): every task is a managed job of its own; never more than %MAX of them run at once
@@ -32,7 +32,9 @@ from slurm_gandiva.store import SliceEnd
 
 GANDIVA = str(Path(sys.executable).parent / "gandiva")
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
-TASKS, MAX = 12, 6
+# %8 with 8 GPUs: the policy sees every GPU taken and four tasks waiting, so it time-slices (with %6 it saw
+# two GPUs free, wanted to start tasks there, the throttle dropped them, and nothing was ever rotated)
+TASKS, MAX = 12, 8
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(360)]
 
@@ -85,8 +87,8 @@ def env(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) -> Itera
                 slurm.cancel(j.job_id)
     sub = tmp_path / "env"
     sub.mkdir()
-    # quantum 8 s: the first six tasks (10 s of training each, after a start-up of several seconds) are
-    # rotated out for the six that wait
+    # quantum 8 s: the first eight tasks (20 s of training each, after a start-up of several seconds) are
+    # rotated out for the four that wait
     e = make_env(slurm_cluster, slurm, sub, {"n1": (0, 1, 2, 3), "n2": (0, 1, 2, 3)}, "gandiva", 8.0,
                  "pack = no\nmigrate = no\ngrow = no")
     yield e
@@ -104,7 +106,7 @@ def env(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) -> Itera
 def test_array_tasks_are_time_sliced_throttled_and_cancelled_one_by_one(
     env: Env, slurm: SlurmBackend, slurm_env: dict[str, str], test_user: str, tmp_path: Path,
 ) -> None:
-    steps, sleep = 40, 0.25
+    steps, sleep = 80, 0.25
     train_args = ["--epochs", "1000", "--steps", str(steps)]
     jobs_dir = env.cluster.jobs_dir
     before = {j.job_id for j in slurm.jobs()}
