@@ -280,6 +280,9 @@ class PyslurmBackend:
         self.timeout = timeout
         self._clock = clock
         conf = self.env.get("SLURM_CONF") or os.environ.get("SLURM_CONF")
+        # libslurm cuts a job array's task list at SLURM_BITSTR_LEN (64 characters by default), read from the
+        # process's environment when it first unpacks jobs (see CliBackend for the commands').
+        os.environ["SLURM_BITSTR_LEN"] = "0"
         self._ps = load_pyslurm(conf)
         self.cli = cli or CliBackend(self.env, timeout=timeout, clock=clock, capabilities=capabilities)
 
@@ -616,6 +619,8 @@ def array_names(raw: Any) -> tuple[str, ...] | None:
     waiting = _text(raw.array_tasks_waiting)
     if not waiting:
         return None
+    if waiting.rstrip().endswith("..."):  # never read as "the tasks past the cut are gone"
+        raise SlurmError(f"libslurm cut job array {array}'s task list short: run with SLURM_BITSTR_LEN=0")
     try:
         tasks, _ = parse.parse_array_spec(waiting)
     except ValueError:
