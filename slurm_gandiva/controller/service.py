@@ -167,8 +167,9 @@ class Controller:
         self.backend = backend
         # Rounds read the store through the controller's memory of it (store/memo.py): this process is
         # its only writer while it holds the controller lock.
-        store = store if isinstance(store, MemoStore) else MemoStore(store)
-        self.store: StoreApi = store
+        self._memo = store if isinstance(store, MemoStore) else MemoStore(store)
+        self.store: StoreApi = self._memo
+        store = self._memo
         self.clock = clock
         self.config_path = config_path
         self.policy = policy if policy is not None else make_configured_policy(config)
@@ -274,8 +275,7 @@ class Controller:
         for memo in (self._job_memo, self._progress_memo):
             for jid in memo.keys() - records.keys():
                 del memo[jid]
-        if isinstance(self.store, MemoStore):
-            self.store.retain(j.job_id for j in snap.jobs)
+        self._memo.retain(j.job_id for j in snap.jobs)
         return Observation(view, snap, managed, records, progress, problems)
 
     def _progress_now(
