@@ -149,15 +149,7 @@ class CliBackend:
 
     def _squeue(self, *filters: str) -> tuple[SlurmJob, ...]:
         """`squeue --json --states=all FILTERS`, parsed; a filter naming a job slurmctld does not know: ()."""
-        out = self._run(["squeue", "--json", "--states=all", *filters], "squeue")
-        try:
-            return parse.parse_squeue(parse.load_json(out, "squeue"))
-        except parse.SlurmQueryError as exc:
-            if filters and any(s in str(exc).lower() for s in _UNKNOWN_JOB):
-                return ()
-            raise SlurmUnreachable(f"{exc}: is slurmctld running? try `gandiva devcluster status`") from None
-        except parse.ParseError as exc:
-            raise SlurmError(f"{exc}: report this with your Slurm version (`squeue --version`)") from None
+        return self._parse_records(list(self._squeue_records(*filters).values()))
 
     def nodes(self) -> tuple[SlurmNode, ...]:
         out = self._run(["sinfo", "--json"], "sinfo")
