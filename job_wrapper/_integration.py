@@ -14,6 +14,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from job_wrapper import checkpoint as ckpt
+from job_wrapper.agree import StopAgreement
 from job_wrapper.api import _local_state_dir, exit_suspended, rank_and_world_size
 from job_wrapper.launcher import FAST_EXIT_ENV
 from job_wrapper.progress import Counters, ProgressReporter, append_event
@@ -74,9 +75,7 @@ class Suspender:
         self._clock = clock
         self._progress: ProgressReporter | None = None
         self._listening = False
-        self._agree_group: Any = None  # the gloo group of the per-step agreement, once connect_ranks() found one
-        self._agree_buf: Any = None
-        self._agree_work: Any = None  # the all-reduce in flight
+        self._agreement: StopAgreement | None = None  # once connect_ranks() found several ranks
 
     # -- the signal -----------------------------------------------------------------------------------
 
@@ -113,54 +112,24 @@ class Suspender:
     def connect_ranks(self) -> bool:
         """Prepare `agree()` once torch.distributed is initialised with more than one rank (every rank must call
         this, at the same point: it creates a process group). Returns whether the ranks must agree."""
-        if self._agree_buf is not None:
-            return True
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
-            return False
-        # A gloo group of its own: a CPU collective even when training uses NCCL (a GPU tensor's .item() would
-        # wait for the GPU at every step), never queued behind DDP's gradient all-reduces.
-        self._agree_group = dist.new_group(backend="gloo")
-        self._agree_buf = torch.zeros(1, dtype=torch.int32)
-        return True
+        if self._agreement is None:
+            self._agreement = StopAgreement.connect()
+        return self._agreement is not None
 
     def agree(self, stop: bool) -> bool:
-        """Whether the ranks stop at this boundary; every rank gets the same answer. Each boundary starts an
-        all-reduce MAX of `stop` (one int, gloo, asynchronous: it runs during the next step) and answers with the
-        previous boundary's result, so the ranks stop one boundary after the first that any of them flagged.
-        `stop` itself when the ranks are not connected. A collective: every rank calls it at every boundary."""
-        buf = self._agree_buf
-        if buf is None:
-            return stop
-        import torch.distributed as dist
-
-        if self._agree_work is not None:
-            self._agree_work.wait()
-            self._agree_work = None
-            if buf.item():
-                return True
-        buf.fill_(int(stop))
-        self._agree_work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self._agree_group, async_op=True)
-        return False
+        """Whether the ranks stop at this boundary; every rank gets the same answer (`StopAgreement.agree`:
+        one boundary after the first that any rank flagged). `stop` itself when the ranks are not connected.
+        A collective: every rank calls it at every boundary."""
+        return stop if self._agreement is None else self._agreement.agree(stop)
 
     def barrier(self) -> None:
         """Wait for every rank (no-op when the ranks are not connected)."""
-        if self._agree_buf is not None:
-            import torch.distributed as dist
-
-            dist.barrier(group=self._agree_group)
+        if self._agreement is not None:
+            self._agreement.barrier()
 
     def broadcast(self, value: Any) -> Any:
         """Rank 0's `value` on every rank (itself when the ranks are not connected)."""
-        if self._agree_buf is None:
-            return value
-        import torch.distributed as dist
-
-        box = [value]
-        dist.broadcast_object_list(box, src=0, group=self._agree_group)
-        return box[0]
+        return value if self._agreement is None else self._agreement.broadcast(value)
 
     # -- progress -------------------------------------------------------------------------------------
 
@@ -190,9 +159,8 @@ class Suspender:
         self.event("warning", message=message, **fields)
 
     def close(self, state: str) -> None:
-        if self._agree_work is not None:  # every rank started it: it completes
-            self._agree_work.wait()
-            self._agree_work = None
+        if self._agreement is not None:
+            self._agreement.close()
         self.stop_listening()
         if self._progress is not None:
             self._progress.stop(state)

@@ -23,7 +23,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,6 +31,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from job_wrapper import checkpoint as ckpt
+from job_wrapper.agree import StopAgreement
 from job_wrapper.launcher import FAST_EXIT_ENV
 from job_wrapper.progress import Counters, ProgressReporter, append_event
 from slurm_gandiva.requeue.contract import (
@@ -84,14 +84,37 @@ def _local_state_dir() -> Path:
     return local
 
 
-def init_distributed(backend: str = "gloo") -> tuple[int, int]:
-    """Initialise torch.distributed from the wrapper's environment when WORLD_SIZE > 1; returns (rank, size)."""
+DIST_BACKEND_ENV = "GANDIVA_DIST_BACKEND"
+
+
+def default_backend(env: Mapping[str, str] | None = None) -> str:
+    """The torch.distributed backend for this process: $GANDIVA_DIST_BACKEND when set, else NCCL where CUDA
+    is available, else gloo."""
+    chosen = (os.environ if env is None else env).get(DIST_BACKEND_ENV, "").strip()
+    if chosen:
+        return chosen
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str | None = None) -> tuple[int, int]:
+    """Initialise torch.distributed from the wrapper's environment when WORLD_SIZE > 1; returns (rank, size).
+
+    `backend`: default `default_backend()` (NCCL with CUDA, gloo without; $GANDIVA_DIST_BACKEND overrides).
+    With NCCL the rank's device is set first: its one visible GPU under the wrapper (CUDA_VISIBLE_DEVICES per
+    rank), GPU LOCAL_RANK where a launcher shows each rank all of the node's GPUs.
+    """
     rank, world = rank_and_world_size()
     if world > 1:
+        import torch
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)
+            chosen = backend or default_backend()
+            if chosen == "nccl" and torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            dist.init_process_group(chosen, init_method="env://", rank=rank, world_size=world)
     return rank, world
 
 
@@ -226,9 +249,7 @@ class Session:
         self._checkpoint_every = checkpoint_every or 0
         self._next_periodic = checkpoint_every or _NEVER
         self._signalled = False  # set by the signal handler; the only thing it does
-        self._stop_at: int | None = None
-        self._peers: tuple[int, ...] = ()
-        self._control: Path | None = None
+        self._agreement: StopAgreement | None = None  # the ranks' stop agreement (several ranks only)
         self._closed = False
         self._fast_exit = os.environ.get(FAST_EXIT_ENV) == "1" if fast_exit is None else fast_exit
         self.signal = signal_from_name(os.environ.get(SIGNAL_ENV))
@@ -467,8 +488,10 @@ class Session:
         self.position += n
         if self.position >= self._epoch_len or self.global_step >= self._next_periodic:
             self._roll()
-        if self._signalled:
-            self._signal_boundary()
+        if self._agreement is not None:
+            self._agreed_boundary()
+        elif self._signalled:
+            self._suspend()
 
     def _roll(self) -> None:
         if self.position >= self._epoch_len:
@@ -491,42 +514,22 @@ class Session:
                 "WORLD_SIZE > 1 but torch.distributed is not initialised: call job_wrapper.init_distributed() "
                 "before wrapping the model in DDP"
             )
-        pids: list[Any] = [None] * self.world_size
-        dist.all_gather_object(pids, os.getpid())
-        path: list[Any] = [None]
-        if self.rank == 0:
-            fd, name = tempfile.mkstemp(prefix="gandiva-stop-")
-            os.close(fd)
-            path[0] = name
-        dist.broadcast_object_list(path, src=0)
-        self._control = Path(path[0])
-        self._peers = tuple(int(p) for i, p in enumerate(pids) if i != self.rank)
+        self._agreement = StopAgreement.connect()
 
     def _signal_boundary(self) -> None:
-        if self.world_size == 1:
+        """At a mini-batch boundary with the signal seen: one process suspends here; several ranks go on to
+        the boundary where they agree (`_agreed_boundary`)."""
+        if self._agreement is None:
             self._suspend()
-        assert self._control is not None
-        if self._stop_at is None:
+
+    def _agreed_boundary(self) -> None:
+        """Every rank at every boundary: suspend here when the ranks agree to (`StopAgreement`), so all stop
+        at the same step wherever and whenever the signal reached each of them."""
+        assert self._agreement is not None
+        if self._agreement.agree(self._signalled):
             if self.rank == 0:
-                self._stop_at = self.global_step + 1
-                tmp = self._control.with_name(self._control.name + ".tmp")
-                tmp.write_text(str(self._stop_at))
-                os.replace(tmp, self._control)
-                for pid in self._peers:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, self.signal)
-                append_event(self.files.events, "stop_requested", step=self.global_step, stop_at=self._stop_at)
-            else:
-                try:
-                    text = self._control.read_text().strip()
-                except FileNotFoundError:  # rank 0 already finished training: nothing to stop
-                    text = ""
-                self._stop_at = int(text) if text else None
-        if self._stop_at is not None:
-            if self.global_step == self._stop_at:
-                self._suspend()
-            elif self.global_step > self._stop_at:
-                self._fail(f"rank {self.rank} passed the agreed stop step {self._stop_at} (at {self.global_step})")
+                append_event(self.files.events, "stop_requested", step=self.global_step)
+            self._suspend()
 
     def _gather_rng(self) -> list[Any]:
         rng = ckpt.capture_rng()
@@ -615,8 +618,8 @@ class Session:
         if getattr(self, "_progress", None) is not None:
             assert self._progress is not None
             self._progress.stop(state)
-        if self.rank == 0 and self._control is not None:
-            self._control.unlink(missing_ok=True)
+        if self._agreement is not None:
+            self._agreement.close()
 
     # -- resuming -----------------------------------------------------------------------------------
 

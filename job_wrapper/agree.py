@@ -1,0 +1,77 @@
+"""Rank agreement on when to stop: every rank stops at the same mini-batch boundary, on one node or many.
+
+The suspend signal reaches the ranks at different steps (it is forwarded node by node, process by process),
+and a rank that stopped alone would leave the others hanging in their next collective. So each boundary
+starts an all-reduce MAX of "stop" over a gloo group of its own: a CPU collective even when training uses
+NCCL (a GPU tensor's .item() would wait for the GPU at every step), never queued behind DDP's gradient
+all-reduces. It is asynchronous: it runs during the next step, and the ranks stop one boundary after the
+first that any of them flagged. torch is imported only when there are ranks to connect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StopAgreement:
+    """The per-boundary agreement of a job's ranks (see the module). Every rank must create it at the same
+    point (`connect`), then call `agree` at every boundary and `close` once at the end."""
+
+    def __init__(self, group: Any, buf: Any) -> None:
+        self._group = group
+        self._buf = buf
+        self._work: Any = None  # the all-reduce in flight
+
+    @classmethod
+    def connect(cls) -> StopAgreement | None:
+        """The agreement of the ranks of torch.distributed's default group; None for a single process (or
+        when torch.distributed is not initialised). A collective: it creates a process group."""
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+            return None
+        return cls(dist.new_group(backend="gloo"), torch.zeros(1, dtype=torch.int32))
+
+    def agree(self, stop: bool) -> bool:
+        """Whether the ranks stop at this boundary; every rank gets the same answer (the previous boundary's
+        MAX of `stop`). A collective: every rank calls it at every boundary."""
+        import torch.distributed as dist
+
+        buf = self._buf
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            if buf.item():
+                return True
+        buf.fill_(int(stop))
+        self._work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        return False
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        import torch.distributed as dist
+
+        dist.barrier(group=self._group)
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank."""
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self._group)
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order, on every rank."""
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, value, group=self._group)
+        return out
+
+    def close(self) -> None:
+        """Finish the all-reduce in flight (every rank started it, so it completes)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
