@@ -269,6 +269,9 @@ class JobSpec:
     name: str = ""
     model: str = ""  # scaling-table name, when known
     max_nodes: int | None = None  # most nodes one placement may span (None: any; the job wrapper runs on 1)
+    # The group the job belongs to (a job array's id: one task of a hyper-parameter search), or None.
+    # `ClusterView.group_caps` may cap how many jobs of one group run at once.
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if self.min_gpus < 1 or self.max_gpus < self.min_gpus:
@@ -352,6 +355,9 @@ class ClusterView:
     Slurm 21.08.0-23.02.1, e.g. Debian 12's 22.05). Where it does not, placement ignores those indices
     (it still prefers a job's own GPUs among equally good ones). `packing`: the cluster can put jobs on
     shards of a GPU and move them back to whole GPUs (Slurm 23.11.5 on); where it cannot, no policy packs.
+    `group_caps`: group (`JobSpec.group`) -> the most jobs of that group that may run at once (a job
+    array's %MAX throttle); a group not named here is not capped. Every policy keeps within it: a
+    time-slicing one rotates a group's jobs through its places.
     """
 
     topology: Topology
@@ -359,6 +365,23 @@ class ClusterView:
     now: float = 0.0
     requeue_ties: bool = True
     packing: bool = True
+    group_caps: Mapping[str, int] = field(default_factory=dict)
+
+    def group_cap(self, job: Job) -> int | None:
+        """The most jobs of `job`'s group that may run at once (None: no cap)."""
+        group = job.spec.group
+        return None if group is None else self.group_caps.get(group)
+
+    def group_overruns(self) -> dict[str, int]:
+        """Capped groups that run more jobs than their cap -> how many they run (empty when none does)."""
+        if not self.group_caps:
+            return {}
+        running: dict[str, int] = {}
+        for j in self.running:
+            g = j.spec.group
+            if g is not None and g in self.group_caps:
+                running[g] = running.get(g, 0) + 1
+        return {g: n for g, n in running.items() if n > self.group_caps[g]}
 
     @cached_property
     def _by_id(self) -> dict[str, Job]:

@@ -1,11 +1,13 @@
-"""Job arrays in the controller: the %MAX throttle as a plan filter.
+"""Job arrays in the controller: the %MAX throttle, given to the policy and checked on its plan.
 
 Slurm leaves a released task of an array that already runs %MAX tasks pending (reason JobArrayTaskLimit):
 a resume or start past the limit would never start, and its GPUs would sit idle while the protocol waits.
-So the controller never places more than MAX tasks of one array at once. The policy stays unaware of arrays
-(the simulator runs the same policies); this filter, run on each round's plan, drops the starts and
-resumes over the limit, keeping those of the tasks with the least attained service (never-run tasks
-first: early feedback on every configuration of a search).
+So the controller never places more than MAX tasks of one array at once. The policy sees the throttle as
+a generic group cap (`with_array_groups`: each task's `JobSpec.group` is its array's id, and
+`ClusterView.group_caps` holds each throttled array's MAX), so it plans within it and time-slices an
+array's tasks through its MAX places. `throttle_arrays`, run on each round's plan, is the safety net:
+it drops the starts and resumes over the limit as Slurm counts it (a task Slurm still tears down counts),
+keeping those of the tasks with the least attained service (never-run tasks first).
 """
 
 from __future__ import annotations
@@ -13,14 +15,45 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 
-from slurm_gandiva.model import ClusterView
+from slurm_gandiva.model import ClusterView, JobSpec
 from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.slurm.base import SlurmJob
 
 log = logging.getLogger(__name__)
 
 _TAKES = (Action.START, Action.RESUME)
+
+GroupSpecs = dict[str, tuple[JobSpec, JobSpec]]  # job id -> (the store's spec, that spec with its group)
+
+
+def array_caps(jobs: Mapping[str, SlurmJob]) -> dict[str, int]:
+    """Array id -> its %MAX, for the throttled arrays among `jobs` (job id -> SlurmJob)."""
+    return {j.array_id: j.array_max_tasks for j in jobs.values() if j.array_id and j.array_max_tasks > 0}
+
+
+def grouped_spec(spec: JobSpec, job: SlurmJob, memo: GroupSpecs | None = None) -> JobSpec:
+    """`spec` with its group: the array's id for a task of a job array, None for any other job. `memo`
+    (the caller's, kept between rounds) keeps one spec per job while the store's spec stays the same."""
+    group = job.array_id or None
+    if spec.group == group:
+        return spec
+    if memo is not None:
+        hit = memo.get(job.job_id)
+        if hit is not None and hit[0] is spec and hit[1].group == group:
+            return hit[1]
+    out = replace(spec, group=group)
+    if memo is not None:
+        memo[job.job_id] = (spec, out)
+    return out
+
+
+def with_array_groups(view: ClusterView, jobs: Mapping[str, SlurmJob]) -> ClusterView:
+    """`view` with each throttled array's %MAX as its group cap (`ClusterView.group_caps`); the jobs'
+    groups come from `grouped_spec`."""
+    caps = array_caps(jobs)
+    return replace(view, group_caps=caps) if caps or view.group_caps else view
 
 
 def throttle_arrays(plan: Plan, view: ClusterView, jobs: Mapping[str, SlurmJob]) -> Plan:

@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult, JobSignals, ProtocolLike
-from slurm_gandiva.controller.arrays import throttle_arrays
+from slurm_gandiva.controller.arrays import GroupSpecs, grouped_spec, throttle_arrays, with_array_groups
 from slurm_gandiva.controller.config import ControllerConfig, load_config
 from slurm_gandiva.controller.observe import (
     JobInputs,
@@ -183,6 +183,7 @@ class Controller:
         self._failed_trials: dict[str, frozenset[TrialKind]] = {}
         self._speedups: dict[tuple[str, int], Mapping[int, float] | None] = {}
         self._job_memo: JobMemo = {}  # waiting jobs' policy Jobs, while their inputs stay the same
+        self._group_specs: GroupSpecs = {}  # array tasks' specs with their array as group
         # job id -> (whether it ran when its progress file was read, the report, why it was refused)
         self._progress_memo: dict[str, tuple[bool, ProgressLike | None, str | None]] = {}
         self._backoff: dict[str, float] = {}  # job id -> until when its failed moves are not retried
@@ -256,7 +257,7 @@ class Controller:
             inputs.append(
                 JobInputs(
                     slurm=managed[jid],
-                    spec=rec.spec,
+                    spec=grouped_spec(rec.spec, managed[jid], self._group_specs),
                     slices=tuple(slices_by_job.get(jid, ())),
                     rates=rates.get(jid, ()),
                     progress=prog,
@@ -272,7 +273,8 @@ class Controller:
             self.topology, snap.nodes, inputs, foreign_gpus(snap.jobs, self.config.partitions), now,
             requeue_ties=caps.requeue_keeps_gpu_indices, packing=caps.packing, memo=self._job_memo,
         )
-        for memo in (self._job_memo, self._progress_memo):
+        view = with_array_groups(view, managed)  # the %MAX throttles, for the policy
+        for memo in (self._job_memo, self._progress_memo, self._group_specs):
             for jid in memo.keys() - records.keys():
                 del memo[jid]
         self._memo.retain(j.job_id for j in snap.jobs)

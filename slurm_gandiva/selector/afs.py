@@ -17,13 +17,23 @@ import functools
 import heapq
 import math
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from slurm_gandiva.model import ClusterView, Job, JobState
 from slurm_gandiva.plan import Plan
-from slurm_gandiva.selector.common import Memo, Speeds, active_jobs, capacity, clamp, fill, gpu_limit, slice_age
+from slurm_gandiva.selector.common import (
+    GroupRoom,
+    Memo,
+    Speeds,
+    active_jobs,
+    capacity,
+    clamp,
+    fill,
+    gpu_limit,
+    slice_age,
+)
 from slurm_gandiva.selector.placement import realize
 
 _MIN_GAIN = 1.0 + 1e-6  # a GPU that speeds a job up by less than this stays spare
@@ -72,6 +82,7 @@ def afs_counts(
     priority: Sequence[Job] | None = None,
     frozen: frozenset[str] = frozenset(),
     limit: Callable[[Job], int] | None = None,
+    caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """GPU counts by the AFS rule for `jobs` on `cap` GPUs.
 
@@ -79,21 +90,34 @@ def afs_counts(
     which jobs get their minimum when the GPUs do not cover every job (default: AFS-L's least remaining
     time on the minimum, or AFS-P's least-scheduled order when `pessimistic`); `frozen` jobs are not
     handed spare GPUs (their count stays put for now); `limit(job)` is the most GPUs a job can be
-    placed on (default: its maximum; `common.gpu_limit` caps it by the nodes it may span).
+    placed on (default: its maximum; `common.gpu_limit` caps it by the nodes it may span). `caps`
+    (`ClusterView.group_caps`): no more jobs of a group get GPUs than its cap, floors first, then in
+    priority order; the others of the group get none.
     """
     top = limit if limit is not None else _max_gpus
     floors = floors or {}
     counts: dict[str, int] = {}
     free = cap
+    room = GroupRoom(caps or {})
+    by_id = {j.job_id: j for j in jobs} if room else {}
     for job_id, f in floors.items():
-        if 0 < f <= free:
+        if 0 < f <= free and (not room or job_id not in by_id or room.claim(by_id[job_id])):
             counts[job_id] = f
             free -= f
+    if room:
+        # The jobs that may run: those with a floor, then in priority order while their group has room.
+        if priority is None:
+            priority = sorted(jobs, key=afsp_key if pessimistic else _afsl_key(speeds))
+        taken = GroupRoom(room.caps)
+        for j in jobs:
+            if j.job_id in counts:
+                taken.take(j)
+        jobs = [j for j in priority if j.job_id in counts or taken.claim(j)]
     demand = sum(j.spec.min_gpus for j in jobs if j.job_id not in counts)
     if demand >= free:
         if priority is None:
             priority = sorted(jobs, key=afsp_key if pessimistic else _afsl_key(speeds))
-        return fill(priority, free, _min_gpus, counts)[0]
+        return fill(priority, free, _min_gpus, counts, room)[0]
     for j in jobs:
         if j.job_id not in counts:
             counts[j.job_id] = j.spec.min_gpus
@@ -155,7 +179,16 @@ def _afs_plan(
 ) -> Plan:
     """An AFS-L (AFS-P when `pessimistic`) round: counts by `afs_counts` over `floors`, placed in `order`."""
     limit = _limit(view, memo)
-    counts = afs_counts(jobs, capacity(view), speeds, pessimistic=pessimistic, seed=seed, floors=floors, limit=limit)
+    counts = afs_counts(
+        jobs,
+        capacity(view),
+        speeds,
+        pessimistic=pessimistic,
+        seed=seed,
+        floors=floors,
+        limit=limit,
+        caps=view.group_caps,
+    )
     reason = "afs-p" if pessimistic else "afs-l"
     targets, _ = realize(view, sorted(jobs, key=order), counts, elastic_fallback=True, reason=reason, memo=memo)
     return targets.plan(view)

@@ -18,7 +18,7 @@ from typing import ClassVar
 from slurm_gandiva.model import ClusterView, Job, JobState
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector.afs import tie_rank
-from slurm_gandiva.selector.common import Memo, Speeds, active_jobs, capacity, fill, pinned_counts
+from slurm_gandiva.selector.common import GroupRoom, Memo, Speeds, active_jobs, capacity, fill, pinned_counts
 from slurm_gandiva.selector.placement import placed_ok, realize
 
 # Slurm's backfill defaults (src/plugins/sched/backfill/backfill.c: DEF_BF_MAX_JOB_TEST, BACKFILL_WINDOW).
@@ -167,11 +167,14 @@ class Slurm:
                 free -= j.gpus
                 ends.append((now + self.expected(j, j.gpus, speeds), j.gpus))
         if free > 0:
+            # A job of a group at its cap is not a candidate (Slurm leaves an array's task past %MAX
+            # pending, reason JobArrayTaskLimit, and schedules the jobs behind it).
+            room = GroupRoom.of(view, jobs, counts)
             waiting = sorted(
                 (j for j in jobs if j.job_id not in counts),
                 key=lambda j: (j.spec.submit_time, tie_rank(self.seed, j.job_id)),
             )
-            self._backfill(waiting, free, ends, now, speeds, counts)
+            self._backfill(waiting, free, ends, now, speeds, counts, room)
         targets, _ = realize(view, jobs, counts, reason="slurm", memo=self.memo)
         return targets.plan(view)
 
@@ -183,15 +186,19 @@ class Slurm:
         now: float,
         speeds: Speeds,
         counts: dict[str, int],
+        room: GroupRoom | None = None,
     ) -> None:
         """Start (in `counts`) the jobs of `waiting` that fit now without delaying a reservation; `free`
-        GPUs are free now and `ends` says when the running ones free up."""
+        GPUs are free now and `ends` says when the running ones free up; a job whose group (`room`) has
+        no place left is passed over."""
         profile: _Profile | None = None  # built at the first job that cannot start: none before it
         reserved = 0
         tested = 0  # jobs examined from the first that could not start on (bf_max_job_test)
         for j in waiting:
             if free <= 0 or tested >= self.depth:
                 break  # nothing more can start this round (later reservations would change nothing)
+            if room and not room.fits(j):
+                continue
             k = _rigid(j)
             span = self.expected(j, k, speeds)
             if profile is None:
@@ -199,6 +206,8 @@ class Slurm:
                     counts[j.job_id] = k
                     free -= k
                     ends.append((now + span, k))
+                    if room:
+                        room.take(j)
                     continue
                 profile = _Profile(now, free, ends)
             tested += 1
@@ -206,6 +215,8 @@ class Slurm:
                 counts[j.job_id] = k
                 profile.take(now, now + span, k)
                 free = profile.free[0]
+                if room:
+                    room.take(j)
             elif reserved < self.reserve:
                 start = profile.earliest(k, span)
                 if start == math.inf or (self.window is not None and start > now + self.window):
@@ -240,13 +251,17 @@ class Fifo:
             if placed_ok(view, j):
                 counts[j.job_id] = j.gpus  # keeps whatever it holds
                 free -= j.gpus
+        room = GroupRoom.of(view, jobs, counts)
         waiting = sorted(
             (j for j in jobs if j.job_id not in counts),
             key=lambda j: (j.spec.submit_time, tie_rank(self.seed, j.job_id)),
         )
         for j in waiting:
+            if not room.fits(j):
+                continue  # its group is at its cap: Slurm passes over it too (JobArrayTaskLimit)
             k = _rigid(j)
             if k <= free:
+                room.take(j)
                 counts[j.job_id] = k
                 free -= k
             elif not self.backfill:
@@ -276,7 +291,8 @@ class Srtf:
     def decide(self, view: ClusterView, now: float) -> Plan:
         jobs = active_jobs(view)
         speeds = Speeds(self.memo)
-        pinned, free = pinned_counts(jobs, now, self.min_slice, capacity(view))
+        room = GroupRoom(view.group_caps)
+        pinned, free = pinned_counts(jobs, now, self.min_slice, capacity(view), room)
         order = sorted(
             jobs,
             key=lambda j: (
@@ -286,7 +302,7 @@ class Srtf:
                 tie_rank(self.seed, j.job_id),
             ),
         )
-        counts, _ = fill(order, free, _rigid, pinned)
+        counts, _ = fill(order, free, _rigid, pinned, room)
         targets, _ = realize(view, order, counts, reason="srtf", memo=self.memo)
         return targets.plan(view)
 
@@ -325,8 +341,9 @@ class Tiresias:
 
     def decide(self, view: ClusterView, now: float) -> Plan:
         jobs = active_jobs(view)
-        pinned, free = pinned_counts(jobs, now, self.min_slice, capacity(view))
+        room = GroupRoom(view.group_caps)
+        pinned, free = pinned_counts(jobs, now, self.min_slice, capacity(view), room)
         order = sorted(jobs, key=lambda j: (self.queue(j, now), j.spec.submit_time, tie_rank(self.seed, j.job_id)))
-        counts, _ = fill(order, free, _rigid, pinned)
+        counts, _ = fill(order, free, _rigid, pinned, room)
         targets, _ = realize(view, order, counts, reason="tiresias", memo=self.memo)
         return targets.plan(view)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from slurm_gandiva.model import ClusterView, Job, JobState, RateTable, Topology
+from slurm_gandiva.plan import Plan
 
 T = TypeVar("T")
 
@@ -138,26 +139,101 @@ class Speeds:
         return self.throughput(job, k + 1) / base if base > 0 else 1.0
 
 
+class GroupRoom:
+    """Places left in each capped group (`ClusterView.group_caps`) as a round hands out GPUs: a job whose
+    group already has its cap of jobs placed may not run (a job array's %MAX). Jobs of groups without a
+    cap, and jobs of no group, always fit. Falsy when no group is capped (then every check is free)."""
+
+    __slots__ = ("caps", "used")
+
+    def __init__(self, caps: Mapping[str, int], placed: Iterable[Job] = ()) -> None:
+        self.caps = caps
+        self.used: dict[str, int] = {}
+        if caps:
+            for j in placed:
+                self.take(j)
+
+    @staticmethod
+    def of(view: ClusterView, jobs: Iterable[Job], counts: Mapping[str, int]) -> GroupRoom:
+        """The room left once the jobs with a GPU count in `counts` run."""
+        caps = view.group_caps
+        return GroupRoom(caps, (j for j in jobs if counts.get(j.job_id, 0) > 0) if caps else ())
+
+    def __bool__(self) -> bool:
+        return bool(self.caps)
+
+    def fits(self, job: Job) -> bool:
+        """Whether one more job of `job`'s group may run."""
+        g = job.spec.group
+        if g is None or not self.caps:
+            return True
+        cap = self.caps.get(g)
+        return cap is None or self.used.get(g, 0) < cap
+
+    def take(self, job: Job) -> None:
+        g = job.spec.group
+        if g is not None and g in self.caps:
+            self.used[g] = self.used.get(g, 0) + 1
+
+    def give(self, job: Job) -> None:
+        g = job.spec.group
+        if g is not None and self.used.get(g, 0) > 0:
+            self.used[g] -= 1
+
+    def claim(self, job: Job) -> bool:
+        """Take a place for `job` if its group has one left; whether it did."""
+        if not self.fits(job):
+            return False
+        self.take(job)
+        return True
+
+
+def within_group_caps(plan: Plan, view: ClusterView, order: Sequence[Job]) -> Plan:
+    """`plan` without the decisions that would run more jobs of a capped group than its cap: the jobs
+    that would start running latest in `order` (the policy's priority) lose theirs. A policy's last guard;
+    a round that counted with `GroupRoom` drops nothing here."""
+    if not view.group_caps or not plan:
+        return plan
+    now_running = {j.job_id for j in view.running}
+    stops = {d.job_id for d in plan.decisions if d.placement is None}
+    newcomers = {d.job_id for d in plan.decisions if d.placement is not None and d.job_id not in now_running}
+    after = (now_running - stops) | newcomers
+    rank = {j.job_id: i for i, j in enumerate(order)}
+    running = [view.job(jid) for jid in after]
+    # Running jobs that stay keep their places first, then newcomers in priority order.
+    running.sort(key=lambda j: (j.job_id in newcomers, rank.get(j.job_id, len(rank)), j.job_id))
+    room = GroupRoom(view.group_caps)
+    dropped = {j.job_id for j in running if not room.claim(j) and j.job_id in newcomers}
+    if not dropped:
+        return plan
+    return Plan(tuple(d for d in plan.decisions if d.job_id not in dropped))
+
+
 def fill(
     order: Iterable[Job],
     free: int,
     need: Callable[[Job], int],
     counts: dict[str, int] | None = None,
+    room: GroupRoom | None = None,
 ) -> tuple[dict[str, int], int]:
-    """Give each job in `order` its `need` GPUs while they fit (smaller later jobs may still fit)."""
+    """Give each job in `order` its `need` GPUs while they fit (smaller later jobs may still fit), and
+    (with `room`) while its group has a place left."""
     counts = {} if counts is None else counts
     for job in order:
         if job.job_id in counts:
             continue
         k = need(job)
-        if 0 < k <= free:
+        if 0 < k <= free and (not room or room.claim(job)):
             counts[job.job_id] = k
             free -= k
     return counts, free
 
 
-def pinned_counts(jobs: Sequence[Job], now: float, min_slice: float, cap: int) -> tuple[dict[str, int], int]:
-    """Running jobs whose slice is younger than `min_slice` keep their GPU count (oldest slices first)."""
+def pinned_counts(
+    jobs: Sequence[Job], now: float, min_slice: float, cap: int, room: GroupRoom | None = None
+) -> tuple[dict[str, int], int]:
+    """Running jobs whose slice is younger than `min_slice` keep their GPU count (oldest slices first),
+    while their group (`room`) has a place left."""
     counts: dict[str, int] = {}
     if min_slice <= 0:
         return counts, cap
@@ -165,7 +241,7 @@ def pinned_counts(jobs: Sequence[Job], now: float, min_slice: float, cap: int) -
     young.sort(key=lambda j: (j.slice_start or 0.0, j.job_id))
     for j in young:
         k = clamp(j, j.gpus)
-        if k <= cap:
+        if k <= cap and (not room or room.claim(j)):
             counts[j.job_id] = k
             cap -= k
     return counts, cap

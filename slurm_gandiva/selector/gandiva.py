@@ -14,7 +14,7 @@ One round:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -22,6 +22,7 @@ from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Locality, No
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector.afs import afs_counts, tie_rank
 from slurm_gandiva.selector.common import (
+    GroupRoom,
     Memo,
     Speeds,
     active_jobs,
@@ -30,6 +31,7 @@ from slurm_gandiva.selector.common import (
     gpu_limit,
     slice_age,
     wait_since,
+    within_group_caps,
 )
 from slurm_gandiva.selector.placement import GpuPool, Targets, held_indices, realize
 
@@ -170,6 +172,7 @@ def _las_counts(
     grid: float | None = None,
     grace: float = 0.0,
     window: float | None = None,
+    caps: Mapping[str, int] | None = None,
 ) -> tuple[list[Job], dict[str, int]]:
     """Gandiva time-slicing: pinned young slices, then least attained service per GPU first.
 
@@ -177,7 +180,10 @@ def _las_counts(
     GPUs. Service per GPU is compared in tiers `step` wide (0: exactly). A running job counts `hysteresis`
     seconds less service, so a waiting job takes its GPUs only when
     it is that far behind: slices last about two quanta instead of swapping everyone every round.
+    A group capped in `caps` (a job array's %MAX) gets GPUs for at most that many of its jobs, in the
+    same order, whatever GPUs are left: its jobs are time-sliced among its places.
     """
+    room = GroupRoom(caps or {})
     holders: dict[GpuRef, int] = {}
     for j in jobs:
         if j.state is JobState.RUNNING and j.placement is not None and j.placement.shared:
@@ -214,7 +220,7 @@ def _las_counts(
         if j.state is JobState.RUNNING and (young(j, now, min_slice, grid, window) or finishing(j, grace)):
             k = clamp(j, j.gpus)
             c = cost(j, k)
-            if c <= free + 1e-9:
+            if c <= free + 1e-9 and (not room or room.claim(j)):
                 counts[j.job_id] = k
                 free -= c
     for j in order:
@@ -222,10 +228,10 @@ def _las_counts(
             continue
         k = j.spec.min_gpus
         c = cost(j, k) if j.gpus == k else float(k)
-        if c <= free + 1e-9:
+        if c <= free + 1e-9 and (not room or room.claim(j)):
             counts[j.job_id] = k
             free -= c
-    if len(counts) == len(jobs):  # nobody waits: grown jobs keep what they grew to
+    if len(counts) == len(jobs):  # nobody waits: grown jobs keep what they grew to (no group is full)
         for j in order:
             extra = clamp(j, j.gpus) - counts[j.job_id]
             if j.state is JobState.RUNNING and 0 < extra <= free:
@@ -262,11 +268,20 @@ def _run_round(
     targets, pool = realize(
         view, order, counts, reason=reason, fixed=fixed, reverts=reverts, memo=memo, strict_ties=strict_ties
     )
-    res = _reservation(view, order, targets, now, min_slice, grid, grace, window, strict_ties) if reserve else None
+    counted = GroupRoom.of(view, order, counts)
+
+    def may_run(j: Job) -> bool:  # counted for GPUs already, or its group has a place left
+        return counts.get(j.job_id, 0) > 0 or counted.fits(j)
+
+    res = (
+        _reservation(view, order, targets, now, min_slice, grid, grace, window, strict_ties, may_run)
+        if reserve
+        else None
+    )
     if res is not None:
         # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
         # lower-priority jobs there once nothing younger than a min slice is left in its way.
-        _hand_on(order, counts, res, back)
+        _hand_on(order, counts, res, back, counted)
         pool = GpuPool(view.topology, memo, strict_ties=strict_ties, ties=view.requeue_ties)
         hold = Placement(res.held)
         pool.book(hold)
@@ -282,17 +297,20 @@ def _run_round(
     final = {j.job_id: targets.placements.get(j.job_id, j.placement) for j in jobs}
     waiting = [j for j in order if final[j.job_id] is None and j.state is not JobState.RUNNING]
     waiting += [j for j in order if final[j.job_id] is None and j.state is JobState.RUNNING]
+    # A capped group's jobs run only while it has places left (`ClusterView.group_caps`).
+    room = GroupRoom(view.group_caps, (j for j in jobs if final[j.job_id] is not None))
     # Leftover GPUs (shared GPUs make the count arithmetic conservative) go to whoever still waits.
     started: set[str] = set()
     for j in waiting:
         if not pool.free_count:
             break
-        if j.job_id in back or pool.free_count < j.spec.min_gpus:
+        if j.job_id in back or pool.free_count < j.spec.min_gpus or not room.fits(j):
             continue
         p = j.placement if j.state is JobState.RUNNING else None
         if p is None or p.count != j.spec.min_gpus or not pool.can_book(p):  # stay put when it can
             p = pool.find(j, j.spec.min_gpus, held_indices(p) if p is not None else None)
         if p is not None and pool.book(p):
+            room.take(j)
             if p == j.placement:
                 pool.settle(p)
             targets.set(j.job_id, p, reason)
@@ -301,12 +319,12 @@ def _run_round(
     waiting = [j for j in waiting if j.job_id not in started]
     _unpack_lonely(jobs, final, targets, pool)
     if knobs.pack and view.packing and waiting:
-        _pack(order, waiting, final, targets, pool, back)
+        _pack(order, waiting, final, targets, pool, back, room)
     if knobs.migrate:
         _migrate(view, jobs, final, targets, pool, knobs, now, min_slice, grace)
     if knobs.grow and not waiting and pool.free_count:
         _grow(jobs, final, targets, pool, knobs, speeds, now, min_slice, grace)
-    return targets.plan(view)
+    return within_group_caps(targets.plan(view), view, order)
 
 
 @dataclass(frozen=True)
@@ -327,6 +345,7 @@ def _reservation(
     grace: float = 0.0,
     window: float | None = None,
     strict_ties: bool = False,
+    may_run: Callable[[Job], bool] | None = None,
 ) -> _Reservation | None:
     """GPUs to keep for the highest-priority waiting job that got none, when it needs several.
 
@@ -337,10 +356,17 @@ def _reservation(
     whose free GPUs then stay idle (at most one min slice) instead of starting new slices. GPUs this
     round gives to jobs ahead of it stay theirs. With `strict_ties`, not on a node where a running job
     that stays holds a GPU with one of the head's Slurm indices (`Job.requeue_indices`): Slurm would
-    hold it.
+    hold it. A job that `may_run` says may not run this round (its group is at its cap) is not the head.
     """
     head = next(
-        (j for j in order if j.state is not JobState.RUNNING and targets.placements.get(j.job_id) is None), None
+        (
+            j
+            for j in order
+            if j.state is not JobState.RUNNING
+            and targets.placements.get(j.job_id) is None
+            and (may_run is None or may_run(j))
+        ),
+        None,
     )
     if head is None or head.spec.min_gpus < 2:
         return None
@@ -395,22 +421,33 @@ def _reservation(
     return best[1] if best is not None and best[1].held else None
 
 
-def _hand_on(order: Sequence[Job], counts: dict[str, int], res: _Reservation, back: Mapping[str, object]) -> None:
+def _hand_on(
+    order: Sequence[Job],
+    counts: dict[str, int],
+    res: _Reservation,
+    back: Mapping[str, object],
+    room: GroupRoom | None = None,
+) -> None:
     """Stop the jobs that yield to the reservation and hand the GPUs they were counted for to the next
     jobs in priority order that got none. Without this the leftover loop (waiting jobs before running
     ones) gave them to jobs of a lower service tier while a running job of a higher one was stopped;
     and whether a job seconds from its end was pinned decided which (sim and live diverged on it)."""
     freed = 0
+    by_id = {j.job_id: j for j in order} if room else {}
     for jid in res.yields:
+        if room and counts.get(jid, 0) > 0 and jid in by_id:
+            room.give(by_id[jid])
         freed += counts.get(jid, 0)
         counts[jid] = 0
+    if room and counts.get(res.head.job_id, 0) <= 0:
+        room.take(res.head)
     for j in order:
         if freed <= 0:
             break
         jid = j.job_id
         if jid == res.head.job_id or jid in res.yields or jid in back or counts.get(jid, 0):
             continue
-        if j.spec.min_gpus <= freed:
+        if j.spec.min_gpus <= freed and (not room or room.claim(j)):
             counts[jid] = j.spec.min_gpus
             freed -= j.spec.min_gpus
 
@@ -452,8 +489,10 @@ def _pack(
     targets: Targets,
     pool: GpuPool,
     back: dict[str, Placement | None],
+    room: GroupRoom | None = None,
 ) -> None:
-    """Waiting 1-GPU jobs share a GPU with a running 1-GPU job (or take a free shard), as PACK trials."""
+    """Waiting 1-GPU jobs share a GPU with a running 1-GPU job (or take a free shard), as PACK trials
+    (not one whose group, in `room`, is at its cap)."""
     slots = pool.shard_slots()
     hosts = [
         j
@@ -472,7 +511,7 @@ def _pack(
     for j in waiting:
         if j.spec.min_gpus != 1 or TrialKind.PACK in j.failed_trials or j.job_id in back:
             continue
-        if j.state is JobState.RUNNING:
+        if j.state is JobState.RUNNING or (room is not None and not room.fits(j)):
             continue
         if slots:
             g = slots.pop()
@@ -491,6 +530,8 @@ def _pack(
             break
         mine = Placement((g,), shared=True)
         if pool.book(mine):
+            if room is not None:
+                room.take(j)
             targets.set(j.job_id, mine, "pack: shares a GPU instead of waiting")
             targets.trials[j.job_id] = TrialKind.PACK
             final[j.job_id] = mine
@@ -665,7 +706,7 @@ class Gandiva(_TrialParams):
         grace = self.finish_grace if self.finish_grace is not None else (self.quantum or 0.0) / 4
         window = self.rotation_window if self.rotation_window is not None else (self.quantum or 0.0) / 4
         order, counts = _las_counts(
-            jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid, grace, window
+            jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid, grace, window, view.group_caps
         )
         return _run_round(
             view,
@@ -741,6 +782,7 @@ class Default(_TrialParams):
             floors=floors,
             frozen=probing,
             limit=lambda j: gpu_limit(j, view.topology, self.memo),
+            caps=view.group_caps,
         )
         order = sorted(
             jobs,
