@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between progress.json updates (default 5)")
     p.add_argument("--grace", type=float, default=60.0, metavar="S",
                    help="seconds the other ranks get after one exits, before they are killed (default 60)")
+    # Internal: the batch wrapper of a job on several nodes starts one launcher per node with it (via srun).
+    p.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -69,6 +71,7 @@ def parse_config(argv: Sequence[str] | None = None, env: dict[str, str] | None =
         nprocs=args.nprocs,
         progress_interval=args.progress_interval,
         grace_s=args.grace,
+        node=args.node,
     )
 
 

@@ -37,6 +37,10 @@ GPU_ENV_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 # torch's interpreter teardown (seconds) that would otherwise delay freeing the GPUs.
 FAST_EXIT_ENV = "GANDIVA_FAST_EXIT"
 _TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# The rendezvous of a job on several nodes: the batch wrapper picks it and hands it to every node's launcher.
+# A site (or user) may set GANDIVA_MASTER_ADDR to the first node's address on the training network.
+MASTER_ADDR_ENV = "GANDIVA_MASTER_ADDR"
+MASTER_PORT_ENV = "GANDIVA_MASTER_PORT"
 
 
 class UsageError(Exception):
@@ -55,6 +59,8 @@ class WrapperConfig:
     grace_s: float = 60.0  # after one rank exits, how long the others get before SIGKILL
     requeue_wait_s: float = 60.0  # after requeuehold, how long to wait for Slurm to end the job
     scontrol: str = "scontrol"
+    srun: str = "srun"
+    node: bool = False  # run this node's ranks of a job on several nodes (started by the batch wrapper's srun)
 
 
 def allocated_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -100,27 +106,83 @@ def process_started(pid: int | str = "self") -> float | None:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (for MASTER_PORT)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` ("" for every address) that the kernel gave nobody else right now (MASTER_PORT):
+    a port another job on the node holds is never chosen."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where this launcher's processes sit among the job's ranks: node `node` of `nodes`, `local` processes
+    on each node (Slurm gives every node of a job the same GPUs: per-node gres)."""
+
+    node: int = 0
+    nodes: int = 1
+    local: int = 1
+    addr: str = "127.0.0.1"  # MASTER_ADDR: the first node's
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.local
+
+    def rank(self, local_rank: int) -> int:
+        return self.node * self.local + local_rank
+
+
+def job_nodes(env: Mapping[str, str]) -> int:
+    """How many nodes the Slurm job has (1 outside Slurm)."""
+    try:
+        return max(1, int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"))
+    except ValueError:
+        return 1
+
+
+def master_addr(env: Mapping[str, str], scontrol: str = "scontrol") -> str:
+    """The first node's address for the rendezvous: $GANDIVA_MASTER_ADDR, else the address Slurm reaches the
+    batch node at (its NodeAddr; the batch script runs on the job's first node), else its host name."""
+    chosen = env.get(MASTER_ADDR_ENV, "").strip()
+    if chosen:
+        return chosen
+    name = env.get("SLURMD_NODENAME", "")
+    if name:
+        exe = shutil.which(scontrol, path=env.get("PATH")) or scontrol
+        try:
+            res = subprocess.run([exe, "show", "node", name, "--oneliner"], env=dict(env), capture_output=True,
+                                 text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            res = None
+        if res is not None and res.returncode == 0:
+            for word in res.stdout.split():
+                if word.startswith("NodeAddr=") and len(word) > len("NodeAddr="):
+                    return word.removeprefix("NodeAddr=")
+    return socket.gethostname()
+
+
 def child_env(
-    base: Mapping[str, str], rank: int, world_size: int, gpu: str | None, port: int, config: WrapperConfig
+    base: Mapping[str, str],
+    rank: int,
+    world_size: int,
+    gpu: str | None,
+    port: int,
+    config: WrapperConfig,
+    layout: Layout | None = None,
 ) -> dict[str, str]:
-    """The environment of one training process (torch.distributed env:// variables, its one GPU)."""
+    """The environment of one training process (torch.distributed env:// variables, its one GPU). `rank` is
+    the process's rank on its node; `layout` places the node among the job's (default: one node)."""
+    lay = layout or Layout(local=world_size)
     env = dict(base)
     env.update(
-        MASTER_ADDR="127.0.0.1",
+        MASTER_ADDR=lay.addr,
         MASTER_PORT=str(port),
-        RANK=str(rank),
+        RANK=str(lay.rank(rank)),
         LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-        GROUP_RANK="0",
+        WORLD_SIZE=str(lay.world),
+        LOCAL_WORLD_SIZE=str(lay.local),
+        GROUP_RANK=str(lay.node),
         **{
             STATE_DIR_ENV: str(config.state_dir),
             SIGNAL_ENV: config.signal.name,
@@ -205,6 +267,19 @@ def run(
     gpus = allocated_gpus(env)
     nprocs, rank_gpus = plan_ranks(config.nprocs, gpus)
     job_id = env.get("SLURM_JOB_ID")
+    nodes = job_nodes(env)
+    if nodes > 1 and not config.node:
+        return _run_across_nodes(config, env, files, gpus, nprocs, nodes, clock=clock, sleep=sleep)
+    if config.node:
+        try:
+            layout = Layout(node=int(env.get("SLURM_NODEID", "")), nodes=nodes, local=nprocs,
+                            addr=env[MASTER_ADDR_ENV])
+            port = int(env[MASTER_PORT_ENV])
+        except (KeyError, ValueError):
+            raise UsageError(f"--node runs under the batch wrapper's srun (SLURM_NODEID, {MASTER_ADDR_ENV} and "
+                             f"{MASTER_PORT_ENV} set): submit the job with gandiva sbatch") from None
+    else:
+        layout, port = Layout(local=nprocs), free_port()
     st = _State()
 
     started = time.time()
@@ -241,23 +316,28 @@ def run(
     signal.signal(config.signal, on_suspend)
     for sig in _TERMINATING:
         signal.signal(sig, on_terminate)
-    port = free_port()
     try:
         for rank, gpu in enumerate(rank_gpus):
             st.children.append(
-                subprocess.Popen(list(config.command), env=child_env(env, rank, nprocs, gpu, port, config))
+                subprocess.Popen(list(config.command), env=child_env(env, rank, nprocs, gpu, port, config, layout))
             )
     except OSError as exc:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         for child in st.children:
             child.kill()
         _log(f"cannot start {config.command[0]!r}: {exc.strerror or exc}")
+        if config.node:
+            return _node_result(files, layout, [], f"cannot start the command: {exc}")
         return _finish(files, ExitCode.FAILED, f"cannot start the command: {exc}", [], env, gpus, nprocs, config)
-    append_event(files.events, "start", job_id=job_id, restart=env.get("SLURM_RESTART_COUNT", "0"),
+    where = {"node": layout.node, "host": env.get("SLURMD_NODENAME", "")} if config.node else {}
+    append_event(files.events, "node_start" if config.node else "start", job_id=job_id,
+                 restart=env.get("SLURM_RESTART_COUNT", "0"),
                  shell_started=process_started(), nprocs=nprocs, gpus=[g for g in rank_gpus if g is not None],
                  gpu_env=gpu_env_var(env),
                  command=list(config.command),
-                 children=[c.pid for c in st.children])
+                 children=[c.pid for c in st.children], **where)
+    if config.node:
+        _write_json_atomic(_node_file(files, layout.node), {"node": layout.node, "state": "ready"})
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a signal that came meanwhile is handled here
 
     codes: list[int | None] = [None] * nprocs
@@ -266,7 +346,7 @@ def run(
         for i, child in enumerate(st.children):
             if child.returncode is None and child.poll() is not None:
                 codes[i] = child.returncode
-                append_event(files.events, "child_exit", rank=i, code=child.returncode)
+                append_event(files.events, "child_exit", rank=layout.rank(i), code=child.returncode)
                 if first_exit is None:
                     first_exit = clock()
                 if child.returncode not in (ExitCode.DONE, ExitCode.SUSPENDED):
@@ -279,12 +359,150 @@ def run(
         if codes[i] is None:
             codes[i] = child.returncode
 
+    if config.node:
+        return _node_result(files, layout, codes, f"terminated by {st.terminated_by}" if st.terminated_by else "")
     outcome, reason = decide_outcome(codes)
     if outcome == ExitCode.SUSPENDED and st.terminated_by:
         reason += f" (after {st.terminated_by})"
     elif outcome != ExitCode.DONE and st.terminated_by:
         reason = f"terminated by {st.terminated_by}: {reason}"
     return _finish(files, outcome, reason, codes, env, gpus, nprocs, config, sleep=sleep, clock=clock,
+                   terminated=lambda: st.terminated_by is not None)
+
+
+def _node_file(files: JobFiles, node: int) -> Path:
+    return files.root / f"node-{node}.json"
+
+
+def _node_result(files: JobFiles, layout: Layout, codes: Sequence[int | None], note: str) -> int:
+    """A node launcher's end: its ranks' exit codes for the batch wrapper, and an exit code for srun: 0 when
+    every rank finished or suspended, else 1 (srun's --kill-on-bad-exit then ends the other nodes' ranks, which
+    would otherwise wait in their next collective for ever)."""
+    _write_json_atomic(_node_file(files, layout.node), {
+        "node": layout.node, "state": "exited", "codes": list(codes), "note": note,
+    })
+    ok = bool(codes) and all(c in (ExitCode.DONE, ExitCode.SUSPENDED) for c in codes)
+    return 0 if ok else int(ExitCode.FAILED)
+
+
+def _read_node(files: JobFiles, node: int) -> Mapping[str, object] | None:
+    try:
+        data = json.loads(_node_file(files, node).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def node_codes(files: JobFiles, nodes: int, local: int) -> tuple[list[int | None], list[str]]:
+    """Every rank's exit code from the node launchers' files, in rank order, and what is missing (a node whose
+    launcher left no result: its ranks count as killed)."""
+    codes: list[int | None] = []
+    missing: list[str] = []
+    for node in range(nodes):
+        data = _read_node(files, node)
+        got = data.get("codes") if data and data.get("state") == "exited" else None
+        if isinstance(got, list) and len(got) == local and all(c is None or isinstance(c, int) for c in got):
+            codes.extend(got)
+        else:
+            codes.extend([None] * local)
+            missing.append(f"node {node}: no result from its launcher")
+    return codes, missing
+
+
+def _run_across_nodes(
+    config: WrapperConfig,
+    env: Mapping[str, str],
+    files: JobFiles,
+    gpus: Sequence[str],
+    nprocs: int,
+    nodes: int,
+    *,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> int:
+    """The batch wrapper of a job on several nodes: srun starts one launcher per node (`--node`, each runs its
+    node's ranks); the suspend signal is forwarded through srun to every launcher once all are ready (before
+    that it would kill a launcher that has not installed its handler yet); the ranks' outcomes come back in
+    the state directory, and the batch wrapper ends the job as on one node (status, held requeue)."""
+    for node in range(nodes):
+        _node_file(files, node).unlink(missing_ok=True)
+    addr = master_addr(env, config.scontrol)
+    port = free_port("")
+    argv = [shutil.which(config.srun, path=env.get("PATH")) or config.srun, f"--nodes={nodes}", f"--ntasks={nodes}",
+            "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL",
+            sys.executable, "-m", "job_wrapper.cli", "--node", "--signal", config.signal.name,
+            "--state-dir", str(config.state_dir), "--progress-interval", str(config.progress_interval),
+            "--grace", str(config.grace_s), *(["--nprocs", str(config.nprocs)] if config.nprocs else []),
+            "--", *config.command]
+    srun_env = {**env, MASTER_ADDR_ENV: addr, MASTER_PORT_ENV: str(port)}
+    st = _State()
+    forward_pending = False
+
+    def ready() -> bool:
+        return all((d := _read_node(files, n)) is not None and d.get("state") in ("ready", "exited")
+                   for n in range(nodes))
+
+    def forward() -> None:
+        for child in st.children:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(config.signal)
+
+    def on_suspend(signum: int, frame: FrameType | None) -> None:
+        nonlocal forward_pending
+        st.suspend_signals += 1
+        ignored = suspend_action(st, lambda: False)
+        if ignored is None:
+            st.stop_pending = True
+            if ready():
+                forward()
+            else:
+                forward_pending = True
+        append_event(files.events, "signal", signal=config.signal.name, count=st.suspend_signals,
+                     forwarded_to=[] if ignored else [c.pid for c in st.children if c.returncode is None],
+                     **({"ignored": ignored} if ignored else {"deferred": True} if forward_pending else {}))
+
+    def on_terminate(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        st.terminated_by = st.terminated_by or name
+        for child in st.children:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signum)
+        append_event(files.events, "terminate", signal=name)
+
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {config.signal, *_TERMINATING})
+    signal.signal(config.signal, on_suspend)
+    for sig in _TERMINATING:
+        signal.signal(sig, on_terminate)
+    try:
+        st.children.append(subprocess.Popen(argv, env=srun_env))
+    except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        _log(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
+        return _finish(files, ExitCode.FAILED, f"cannot start srun: {exc}", [], env, gpus, nprocs * nodes, config)
+    append_event(files.events, "start", job_id=env.get("SLURM_JOB_ID"), restart=env.get("SLURM_RESTART_COUNT", "0"),
+                 shell_started=process_started(), nprocs=nprocs * nodes, nodes=nodes, master=f"{addr}:{port}",
+                 gpus=list(gpus), gpu_env=gpu_env_var(env), command=list(config.command),
+                 children=[c.pid for c in st.children])
+    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    srun = st.children[0]
+    while srun.poll() is None:
+        if forward_pending and ready():
+            forward_pending = False
+            forward()
+        sleep(0.05)
+    codes, missing = node_codes(files, nodes, nprocs)
+    append_event(files.events, "child_exit", srun=srun.returncode, codes=codes)
+    if missing:
+        outcome, reason = ExitCode.FAILED, "; ".join(missing) + f" (srun {_describe(srun.returncode)})"
+    else:
+        outcome, reason = decide_outcome(codes)
+    if outcome == ExitCode.SUSPENDED and st.terminated_by:
+        reason += f" (after {st.terminated_by})"
+    elif outcome != ExitCode.DONE and st.terminated_by:
+        reason = f"terminated by {st.terminated_by}: {reason}"
+    return _finish(files, outcome, reason, codes, env, gpus, nprocs * nodes, config, sleep=sleep, clock=clock,
                    terminated=lambda: st.terminated_by is not None)
 
 

@@ -9,17 +9,23 @@ import pytest
 
 from job_wrapper.cli import parse_config
 from job_wrapper.launcher import (
+    MASTER_ADDR_ENV,
+    Layout,
     UsageError,
     WrapperConfig,
+    _node_result,
     _State,
     allocated_gpus,
     child_env,
     decide_outcome,
     gpu_env_var,
+    job_nodes,
+    master_addr,
+    node_codes,
     plan_ranks,
     suspend_action,
 )
-from slurm_gandiva.requeue.contract import ExitCode
+from slurm_gandiva.requeue.contract import ExitCode, JobFiles
 
 
 @pytest.mark.parametrize(
@@ -86,6 +92,30 @@ def test_child_env_sets_torch_distributed_and_one_gpu(tmp_path: Path) -> None:
     assert env["GANDIVA_SIGNAL"] == "SIGUSR2" and env["GANDIVA_PROGRESS_INTERVAL"] == "2.0"
     assert env["GANDIVA_FAST_EXIT"] == "1"
     assert child_env({"CUDA_VISIBLE_DEVICES": ""}, 0, 1, None, 1, cfg)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_child_env_on_the_second_of_two_nodes_numbers_ranks_across_nodes(tmp_path: Path) -> None:
+    cfg = WrapperConfig(command=("x",), state_dir=tmp_path)
+    layout = Layout(node=1, nodes=2, local=4, addr="node1.example")
+    env = child_env({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 2, 4, "2", 29500, cfg, layout)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("6", "2", "8", "4")
+    assert (env["MASTER_ADDR"], env["GROUP_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("node1.example", "1", "2")
+
+
+def test_job_nodes_and_the_rendezvous_address_override() -> None:
+    assert job_nodes({}) == 1 and job_nodes({"SLURM_JOB_NUM_NODES": "3"}) == 3 and job_nodes({"SLURM_NNODES": "x"}) == 1
+    assert master_addr({MASTER_ADDR_ENV: "10.0.0.7", "SLURMD_NODENAME": "n1"}) == "10.0.0.7"
+    assert master_addr({"PATH": ""})  # outside Slurm: this host's name
+
+
+def test_node_codes_in_rank_order_and_a_node_without_a_result_counts_as_killed(tmp_path: Path) -> None:
+    files = JobFiles(tmp_path)
+    assert _node_result(files, Layout(node=1, nodes=3, local=2), [75, 75], "") == 0
+    assert _node_result(files, Layout(node=0, nodes=3, local=2), [75, -9], "") == int(ExitCode.FAILED)
+    codes, missing = node_codes(files, 3, 2)
+    assert codes == [75, -9, 75, 75, None, None] and missing == ["node 2: no result from its launcher"]
+    (tmp_path / "node-2.json").write_text('{"state": "exited", "codes": ["x", 1]}')  # the user's file: checked
+    assert node_codes(files, 3, 2)[1] == ["node 2: no result from its launcher"]
 
 
 @pytest.mark.parametrize(
