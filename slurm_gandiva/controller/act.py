@@ -1,11 +1,14 @@
 """act + record: carry a Plan out through the requeue protocol, recording intent before and outcome after.
 
-Suspends run concurrently (each job is signalled and waited for on its own thread, so N suspends take
-about as long as the slowest one). The other decisions then run in waves: a decision waits for the
-decisions of the jobs that still hold any of its target GPUs (a migrate or resize frees them); each wave
-runs concurrently, so N starts cost about one Slurm scheduling pass instead of N. A failing decision is
-logged, recorded as failed and isolated: the rest of the plan still runs, except decisions that would
-take GPUs a job that failed to stop still holds.
+Every decision runs on its own thread as soon as the decisions it depends on are done (`_dependencies`):
+a decision waits only for the decisions of the jobs that hold any of its target GPUs now (a suspend,
+migrate or resize frees them), for those of requeued jobs whose old GPU indices Slurm ties to its
+target node, and, for a start or resume of a throttled job array's task, for the suspend of a task of
+that array whose place it takes. Suspends depend on nothing and start at once; a start on free GPUs does
+not wait for the round's suspends, and a start on a suspended job's GPUs waits for that suspend alone, not
+for the slowest of the round. A failing decision is logged, recorded as failed and isolated: the rest of
+the plan still runs, except decisions that would take GPUs (or an array's place) that a job that failed
+to stop still holds.
 
 Test hook: GANDIVA_CRASH_AT makes the process `os._exit(137)` at one point, to test crash recovery:
 `<op>:<step>[:start|end]` (a protocol step, e.g. `suspend:signal`, `resume:release:start`; default
@@ -18,8 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -228,39 +231,67 @@ class Actor:
         last: dict[str, Placement] | None = None,
         *,
         ties: bool = True,
+        groups: Mapping[str, str] | None = None,
+        room: Mapping[str, int] | None = None,
     ) -> tuple[ActResult, ...]:
-        """Run every decision of `plan`; `held` maps running jobs to their GPUs (to isolate failed suspends
-        and order moves), `last` the jobs it resumes to where they last ran (to order starts, see _waves);
-        `ties`: Slurm ties requeued jobs to their old GPU indices (`SlurmCapabilities`)."""
+        """Run every decision of `plan`, each as soon as the decisions it depends on are done; results in
+        plan order. `held` maps running jobs to their GPUs (to isolate failed stops and order moves),
+        `last` the jobs it resumes to where they last ran (to order starts, see `_dependencies`); `ties`:
+        Slurm ties requeued jobs to their old GPU indices (`SlurmCapabilities`). `groups` (job id ->
+        throttled job array) and `room` (array -> tasks it may still start before one of its tasks
+        stops): a start past the room waits for a suspend of the array."""
         if self.protocol is None:
             raise RuntimeError("Actor.protocol is not set")
-        results: list[ActResult] = []
-        blocked: set[GpuRef] = set()
-        suspends = plan.by_action(Action.SUSPEND)
-        if suspends:
-            for r in self._run_all(list(suspends)):
-                results.append(r)
-                if not r.ok and held and r.decision.job_id in held:
-                    blocked.update(held[r.decision.job_id].gpus)
-        rest = [d for d in plan.decisions if d.action is not Action.SUSPEND]
-        for wave in _waves(rest, held or {}, last or {}, ties=ties):
-            if self.should_stop():
-                log.info("stopping: %d decisions of this plan not started", len(plan) - len(results))
-                break
-            runnable: list[Decision] = []
-            for d in wave:
-                if d.placement is not None and blocked.intersection(d.placement.gpus):
-                    detail = "skipped: its GPUs are still held by a job that failed to stop"
-                    log.warning("job %s: %s %s", d.job_id, d.action.value, detail)
-                    self.store.record_event("skipped", d.job_id, f"{d.action.value}: {detail}", self.clock())
-                    results.append(ActResult(d, StoreOutcome.FAILED, detail))
-                else:
-                    runnable.append(d)
-            for r in self._run_all(runnable):
-                results.append(r)
-                if not r.ok and held and r.decision.job_id in held:
-                    blocked.update(held[r.decision.job_id].gpus)
-        return tuple(results)
+        held = held or {}
+        ds = list(plan.decisions)
+        deps, places = _dependencies(ds, held, last or {}, ties=ties, groups=groups, room=room)
+        results: dict[int, ActResult] = {}
+        blocked: set[GpuRef] = set()  # GPUs of jobs that failed to stop
+        unstopped: set[int] = set()  # decisions of jobs that failed to stop
+        left = set(range(len(ds)))
+        stopping = False
+        with ThreadPoolExecutor(max_workers=min(32, max(1, len(ds))), thread_name_prefix="act") as pool:
+            running: dict[Future[ActResult], int] = {}
+            while left or running:
+                ready = sorted(i for i in left if deps[i] <= results.keys())
+                if not ready and not running and left:
+                    ready = [min(left)]  # a cycle cannot be ordered: what is left runs one at a time
+                for i in ready:
+                    d = ds[i]
+                    if d.action is not Action.SUSPEND and not stopping and self.should_stop():
+                        stopping = True
+                        log.info("stopping: %d decisions of this plan not started", len(left))
+                    if stopping and d.action is not Action.SUSPEND:
+                        continue
+                    left.discard(i)
+                    why = _blocked(d, blocked, places.get(i, ()), unstopped)
+                    if why:
+                        log.warning("job %s: %s %s", d.job_id, d.action.value, why)
+                        self.store.record_event("skipped", d.job_id, f"{d.action.value}: {why}", self.clock())
+                        results[i] = ActResult(d, StoreOutcome.FAILED, why)
+                        continue
+                    running[pool.submit(self._attempt, d)] = i
+                if stopping and not running:
+                    break
+                if not running:
+                    continue
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    i = running.pop(f)
+                    r = results[i] = f.result()
+                    if not r.ok and r.decision.job_id in held:
+                        blocked.update(held[r.decision.job_id].gpus)
+                        unstopped.add(i)
+        return tuple(results[i] for i in sorted(results))
+
+    def _attempt(self, d: Decision) -> ActResult:
+        """Record the intent, then carry the decision out (on a worker thread); never raises."""
+        try:
+            did = self._intent(d)
+        except Exception as exc:
+            log.exception("job %s: could not record the intent; not acting", d.job_id)
+            return ActResult(d, StoreOutcome.FAILED, f"intent not recorded: {exc}")
+        return self._run(d, did)
 
     def _intent(self, d: Decision) -> int:
         did = self.store.record_intent(d.job_id, d.action, d.placement, d.reason, self.clock())
@@ -274,25 +305,6 @@ class Actor:
             self._decision_of.pop(d.job_id, None)
             for key in [k for k in self._open_steps if k[0] == d.job_id]:
                 del self._open_steps[key]
-
-    def _run_all(self, ds: list[Decision]) -> list[ActResult]:
-        """Record every intent, then carry the decisions out concurrently (results in `ds`'s order)."""
-        done: dict[int, ActResult] = {}
-        todo: list[tuple[int, Decision, int]] = []
-        for i, d in enumerate(ds):
-            try:
-                todo.append((i, d, self._intent(d)))
-            except Exception as exc:
-                log.exception("job %s: could not record the intent; not acting", d.job_id)
-                done[i] = ActResult(d, StoreOutcome.FAILED, f"intent not recorded: {exc}")
-        if len(todo) == 1:
-            i, d, did = todo[0]
-            done[i] = self._run(d, did)
-        elif todo:
-            with ThreadPoolExecutor(max_workers=min(16, len(todo)), thread_name_prefix="act") as pool:
-                futures = {i: pool.submit(self._run, d, did) for i, d, did in todo}
-                done.update({i: f.result() for i, f in futures.items()})
-        return [done[i] for i in range(len(ds))]
 
     def _run(self, d: Decision, did: int) -> ActResult:
         """Carry out one decision whose intent is recorded; never raises."""
@@ -399,46 +411,76 @@ class Actor:
             return ""
 
 
-def _waves(
-    decisions: list[Decision], held: dict[str, Placement], last: dict[str, Placement] | None = None,
-    *, ties: bool = True,
-) -> list[list[Decision]]:
-    """`decisions` in waves: one waits for the decisions of the jobs that hold its target GPUs now, and
-    (`ties`) for those of requeued jobs going to its node that had one of its GPUs' indices before.
+def _blocked(d: Decision, blocked: set[GpuRef], places: tuple[int, ...], unstopped: set[int]) -> str:
+    """Why `d` must not run (empty: it may): its GPUs, or its array's place, are still held by a job that
+    failed to stop."""
+    if d.placement is not None and blocked.intersection(d.placement.gpus):
+        return "skipped: its GPUs are still held by a job that failed to stop"
+    if any(i in unstopped for i in places):
+        return "skipped: its job array's place is still held by a task that failed to stop"
+    return ""
 
-    Slurm 22.05 keeps a requeued job's old GRES indices and does not start it on a node where a GPU of
-    such an index is taken (README, Slurm facts): that job must be running before another job takes
-    one. A requeued job's old GPUs are where it runs now (`held`, a migrate or resize) or where it last
-    ran (`last`, a resume). Within a wave no decision targets GPUs held by a job with a decision still
-    to come. A cycle cannot be ordered: what is left then runs one at a time, in plan order.
+
+def _dependencies(
+    decisions: list[Decision],
+    held: Mapping[str, Placement],
+    last: Mapping[str, Placement] | None = None,
+    *,
+    ties: bool = True,
+    groups: Mapping[str, str] | None = None,
+    room: Mapping[str, int] | None = None,
+) -> tuple[list[set[int]], dict[int, tuple[int, ...]]]:
+    """For each decision (by index), the decisions that must be done before it starts; and for the starts
+    that take a throttled array's place, the suspends that free it.
+
+    - A decision waits for the decisions of the other jobs that hold any of its target GPUs now (`held`: a
+      suspend, migrate or resize frees them).
+    - `ties`: and for those of requeued jobs going to its node that had one of its GPUs' indices before.
+      Slurm 22.05 keeps a requeued job's old GRES indices and does not start it on a node where a GPU of
+      such an index is taken (README, Slurm facts): that job must be running before another job takes
+      one. A requeued job's old GPUs are where it runs now (`held`, a migrate or resize) or where it last
+      ran (`last`, a resume).
+    - `groups` / `room`: Slurm leaves a task of an array that runs %MAX tasks pending (JobArrayTaskLimit).
+      The first `room[array]` starts and resumes of its tasks (plan order) take free places; each later
+      one waits for one suspend of a task of that array (in plan order), whose place it takes.
+    Suspends depend on nothing. A cycle cannot be ordered (`Actor.execute` then runs what is left one at
+    a time, in plan order).
     """
     last = last or {}
-    acting = {d.job_id for d in decisions}
+    acting = {d.job_id: i for i, d in enumerate(decisions)}
     old_at: dict[str, tuple[str, frozenset[int]]] = {}  # job -> (target node, old GPU indices)
     for d in decisions:
         before = held.get(d.job_id) or last.get(d.job_id)
         if ties and before is not None and d.placement is not None and d.action is not Action.START:
             old_at[d.job_id] = (d.placement.nodes[0], frozenset(g.index for g in before.gpus))
-    deps: dict[int, set[str]] = {}
-    for i, d in enumerate(decisions):
+    deps: list[set[int]] = []
+    for d in decisions:
         want = set(d.placement.gpus) if d.placement is not None else set()
-        deps[i] = {
-            jid for jid, p in held.items() if jid != d.job_id and jid in acting and want.intersection(p.gpus)
+        mine = {
+            acting[jid] for jid, p in held.items() if jid != d.job_id and jid in acting and want.intersection(p.gpus)
         }
-        deps[i] |= {
-            jid
+        mine |= {
+            acting[jid]
             for jid, (node, old) in old_at.items()
             if jid != d.job_id and any(g.node == node and g.index in old for g in want)
         }
-    waves: list[list[Decision]] = []
-    left = list(range(len(decisions)))
-    done: set[str] = set()
-    while left:
-        ready = [i for i in left if deps[i] <= done]
-        if not ready:
-            waves.extend([decisions[i]] for i in left)
-            break
-        waves.append([decisions[i] for i in ready])
-        done.update(decisions[i].job_id for i in ready)
-        left = [i for i in left if i not in ready]
-    return waves
+        deps.append(mine)
+    places: dict[int, tuple[int, ...]] = {}
+    if groups:
+        stops: dict[str, list[int]] = {}
+        takes: dict[str, list[int]] = {}
+        for i, d in enumerate(decisions):
+            g = groups.get(d.job_id)
+            if g is None:
+                continue
+            if d.action is Action.SUSPEND:
+                stops.setdefault(g, []).append(i)
+            elif d.action in (Action.START, Action.RESUME):
+                takes.setdefault(g, []).append(i)
+        for g, starts in takes.items():
+            free = max(0, (room or {}).get(g, 0))
+            for k, i in enumerate(starts[free:]):
+                if k < len(stops.get(g, ())):
+                    deps[i].add(stops[g][k])
+                    places[i] = (stops[g][k],)
+    return deps, places

@@ -33,6 +33,16 @@ def array_caps(jobs: Mapping[str, SlurmJob]) -> dict[str, int]:
     return {j.array_id: j.array_max_tasks for j in jobs.values() if j.array_id and j.array_max_tasks > 0}
 
 
+def array_places(jobs: Mapping[str, SlurmJob]) -> tuple[dict[str, str], dict[str, int]]:
+    """For the actor (`Actor.execute`): task id -> its array, for the tasks of throttled arrays, and array
+    -> how many more of its tasks Slurm would start now (%MAX less the tasks it counts as running, also
+    those it still tears down)."""
+    groups = {jid: j.array_id for jid, j in jobs.items() if j.array_id and j.array_max_tasks > 0}
+    running: Counter[str] = Counter(jobs[jid].array_id for jid in groups if jobs[jid].running)
+    room = {a: max(0, cap - running[a]) for a, cap in array_caps(jobs).items()}
+    return groups, room
+
+
 def grouped_spec(spec: JobSpec, job: SlurmJob, memo: GroupSpecs | None = None) -> JobSpec:
     """`spec` with its group: the array's id for a task of a job array, None for any other job. `memo`
     (the caller's, kept between rounds) keeps one spec per job while the store's spec stays the same."""

@@ -28,7 +28,13 @@ from types import FrameType
 from typing import Any
 
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult, JobSignals, ProtocolLike
-from slurm_gandiva.controller.arrays import GroupSpecs, grouped_spec, throttle_arrays, with_array_groups
+from slurm_gandiva.controller.arrays import (
+    GroupSpecs,
+    array_places,
+    grouped_spec,
+    throttle_arrays,
+    with_array_groups,
+)
 from slurm_gandiva.controller.config import ControllerConfig, load_config
 from slurm_gandiva.controller.observe import (
     JobInputs,
@@ -396,7 +402,8 @@ class Controller:
             held = {j.job_id: j.placement for j in view.running if j.placement is not None}
             ties = self.backend.capabilities().requeue_keeps_gpu_indices
             last = self._last_placements(plan) if ties and plan else {}
-            results = self.actor.execute(plan, held, last, ties=ties) if plan else ()
+            groups, room = array_places(obs.managed) if plan else ({}, {})
+            results = self.actor.execute(plan, held, last, ties=ties, groups=groups, room=room) if plan else ()
             self._note_trials(view, results)
             self._note_failures(results, now)
             return self._report(TickReport(now, view, plan, results, findings))

@@ -102,8 +102,8 @@ def test_a_start_on_gpus_a_migrating_job_holds_waits_for_the_migration(store: St
     assert order[1][2] - order[0][2] >= 0.3, "the start did not wait for the migration to finish"
 
 
-def test_waves_order_dependencies_and_fall_back_to_plan_order_on_a_cycle() -> None:
-    from slurm_gandiva.controller.act import _waves
+def test_dependencies_name_the_decisions_holding_a_target_and_allow_cycles() -> None:
+    from slurm_gandiva.controller.act import _dependencies
 
     held = {"1": pl("n1", 0), "2": pl("n1", 1), "3": pl("n1", 2)}
     chain = [
@@ -111,24 +111,121 @@ def test_waves_order_dependencies_and_fall_back_to_plan_order_on_a_cycle() -> No
         Decision(Action.MIGRATE, "2", pl("n1", 3)),
         Decision(Action.START, "4", pl("n2", 0)),
     ]
-    assert [[d.job_id for d in w] for w in _waves(chain, held)] == [["2", "4"], ["1"]]
+    assert _dependencies(chain, held)[0] == [{1}, set(), set()]
     swap = [Decision(Action.MIGRATE, "1", pl("n1", 1)), Decision(Action.MIGRATE, "2", pl("n1", 0))]
-    assert [[d.job_id for d in w] for w in _waves(swap, held)] == [["1"], ["2"]]
+    assert _dependencies(swap, held)[0] == [{1}, {0}]  # a cycle: execute runs it in plan order
+    stop = [Decision(Action.SUSPEND, "3"), Decision(Action.START, "4", pl("n1", 2, 3))]
+    assert _dependencies(stop, held)[0] == [set(), {0}]  # a start waits for the suspend of its GPUs' holder
 
 
 def test_a_start_on_a_gpu_of_a_resumed_jobs_old_index_waits_for_that_resume() -> None:
     """Slurm will not start a requeued job on a node where a GPU of one of its old indices is taken: job
     7 (last on n1:2) resumes on n2:0, so job 3 may take n2:2 only once 7 runs; job 5 on n2:3 need not wait."""
-    from slurm_gandiva.controller.act import _waves
+    from slurm_gandiva.controller.act import _dependencies
 
     plan = [
         Decision(Action.RESUME, "7", pl("n2", 0)),
         Decision(Action.RESUME, "3", pl("n2", 2)),
         Decision(Action.START, "5", pl("n2", 3)),
     ]
-    waves = _waves(plan, {}, {"7": pl("n1", 2)})
-    assert [[d.job_id for d in w] for w in waves] == [["7", "5"], ["3"]]
-    assert [[d.job_id for d in w] for w in _waves(plan, {})] == [["7", "3", "5"]]  # nothing known: one wave
+    assert _dependencies(plan, {}, {"7": pl("n1", 2)})[0] == [set(), {0}, set()]
+    assert _dependencies(plan, {})[0] == [set(), set(), set()]  # nothing known: no order
+    assert _dependencies(plan, {}, {"7": pl("n1", 2)}, ties=False)[0] == [set(), set(), set()]
+
+
+def test_a_start_of_an_array_task_past_the_throttle_waits_for_one_suspend_of_its_array() -> None:
+    from slurm_gandiva.controller.act import _dependencies
+
+    plan = [
+        Decision(Action.SUSPEND, "7_0"),
+        Decision(Action.SUSPEND, "7_1"),
+        Decision(Action.SUSPEND, "9"),
+        Decision(Action.START, "7_2", pl("n2", 0)),  # the array's one free place
+        Decision(Action.START, "7_3", pl("n2", 1)),  # 7_0's place
+        Decision(Action.RESUME, "7_4", pl("n2", 2)),  # 7_1's place
+        Decision(Action.START, "8", pl("n2", 3)),
+    ]
+    groups = {f"7_{t}": "7" for t in range(5)}
+    deps, places = _dependencies(plan, {}, groups=groups, room={"7": 1})
+    assert deps == [set(), set(), set(), set(), {0}, {1}, set()]
+    assert places == {4: (0,), 5: (1,)}
+
+
+def test_a_start_waits_only_for_the_suspend_that_frees_its_gpus(store: Store) -> None:
+    """Per-decision dependencies, not waves: a start on free GPUs begins at once, a start on a suspended
+    job's GPU as soon as that suspend is done, whatever the slowest suspend of the round takes."""
+    backend = setup(store, {"1": ("n1", (0,)), "2": ("n1", (1,))}, ["3", "4"])
+    proto = FakeProtocol(backend)
+    delays = {("suspend", "1"): 0.1, ("suspend", "2"): 0.8}
+    at: dict[tuple[str, str], float] = {}
+    t0 = time.monotonic()
+
+    def slow(op: str, jid: str) -> None:
+        at[(op, jid)] = time.monotonic() - t0
+        time.sleep(delays.get((op, jid), 0.1))
+
+    proto.on_call = slow
+    plan = Plan(
+        (
+            Decision(Action.SUSPEND, "1"),
+            Decision(Action.SUSPEND, "2"),
+            Decision(Action.START, "3", pl("n1", 0)),  # job 1's GPU
+            Decision(Action.START, "4", pl("n2", 0)),  # free
+        )
+    )
+    res = actor(backend, store, proto).execute(plan, {"1": pl("n1", 0), "2": pl("n1", 1)})
+    assert [r.decision.job_id for r in res] == ["1", "2", "3", "4"] and all(r.ok for r in res)
+    assert at[("resume", "4")] < 0.1, at  # no suspend in its way
+    assert 0.1 <= at[("resume", "3")] < 0.6, at  # after job 1's suspend, long before job 2's ends
+    assert at[("resume", "3")] >= at[("suspend", "1")] + 0.1
+
+
+def test_a_start_of_an_array_task_is_skipped_when_the_task_whose_place_it_takes_failed_to_stop(
+    store: Store,
+) -> None:
+    backend = setup(store, {"7_0": ("n1", (0,))}, ["7_1", "8"])
+    proto = FakeProtocol(backend, fail=frozenset({"7_0"}))
+    plan = Plan(
+        (
+            Decision(Action.SUSPEND, "7_0"),
+            Decision(Action.START, "7_1", pl("n2", 0)),
+            Decision(Action.START, "8", pl("n2", 1)),
+        )
+    )
+    groups = {"7_0": "7", "7_1": "7"}
+    res = {
+        r.decision.job_id: r
+        for r in actor(backend, store, proto).execute(plan, {"7_0": pl("n1", 0)}, groups=groups, room={"7": 0})
+    }
+    assert not res["7_0"].ok and not res["7_1"].ok and "array's place" in res["7_1"].detail
+    assert res["8"].ok
+    assert ("resume", "7_1", pl("n2", 0)) not in proto.calls
+
+
+def test_a_cycle_runs_one_at_a_time_in_plan_order(store: Store) -> None:
+    backend = setup(store, {"1": ("n1", (0,)), "2": ("n1", (1,))}, [])
+    proto = FakeProtocol(backend, delay=0.05)
+    plan = Plan((Decision(Action.MIGRATE, "1", pl("n1", 1)), Decision(Action.MIGRATE, "2", pl("n1", 0))))
+    res = actor(backend, store, proto).execute(plan, {"1": pl("n1", 0), "2": pl("n1", 1)})
+    assert all(r.ok for r in res)
+    assert [(op, jid) for op, jid, _ in proto.calls] == [("migrate", "1"), ("migrate", "2")]
+
+
+def test_should_stop_starts_no_more_decisions_but_suspends(store: Store) -> None:
+    backend = setup(store, {"1": ("n1", (0,))}, ["2", "3"])
+    proto = FakeProtocol(backend)
+    a = actor(backend, store, proto)
+    a.should_stop = lambda: True
+    plan = Plan(
+        (
+            Decision(Action.SUSPEND, "1"),
+            Decision(Action.START, "2", pl("n1", 0)),
+            Decision(Action.START, "3", pl("n2", 0)),
+        )
+    )
+    res = a.execute(plan, {"1": pl("n1", 0)})
+    assert [r.decision.job_id for r in res] == ["1"] and res[0].ok
+    assert [(op, jid) for op, jid, _ in proto.calls] == [("suspend", "1")]
 
 
 def test_a_failed_decision_is_isolated_and_blocks_only_its_gpus(store: Store) -> None:
