@@ -1,5 +1,5 @@
-"""Job arrays on the real local Slurm: `gandiva sbatch --array=0-11%8`, 12 real PyTorch trainings on 8 GPUs,
-time-sliced by the controller as managed jobs named ARRAY_TASK.
+"""Job arrays on the real local Slurm: `gandiva sbatch --array=0-11%6`, 12 real PyTorch trainings on 8 GPUs,
+time-sliced by the controller as managed jobs named ARRAY_TASK through the array's 6 places.
 
 Acceptance (issue 18): every task is a managed job of its own; never more than %MAX of them run at once
 (and none is ever left pending by Slurm's own throttle, reason JobArrayTaskLimit, which a release past the
@@ -32,9 +32,10 @@ from slurm_gandiva.store import SliceEnd
 
 GANDIVA = str(Path(sys.executable).parent / "gandiva")
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
-# %8 with 8 GPUs: the policy sees every GPU taken and four tasks waiting, so it time-slices (with %6 it saw
-# two GPUs free, wanted to start tasks there, the throttle dropped them, and nothing was ever rotated)
-TASKS, MAX = 12, 8
+# %6 below the 8 GPUs: the policy sees the throttle as the array's group cap and time-slices the tasks through
+# its 6 places while 2 GPUs stay free (before it saw 2 GPUs free, planned starts there that the throttle
+# dropped, and nothing was ever rotated)
+TASKS, MAX = 12, 6
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(360)]
 
@@ -87,8 +88,8 @@ def env(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) -> Itera
                 slurm.cancel(j.job_id)
     sub = tmp_path / "env"
     sub.mkdir()
-    # quantum 8 s: the first eight tasks (20 s of training each, after a start-up of several seconds) are
-    # rotated out for the four that wait
+    # quantum 8 s: the first six tasks (20 s of training each, after a start-up of several seconds) are
+    # rotated out for the six that wait
     e = make_env(slurm_cluster, slurm, sub, {"n1": (0, 1, 2, 3), "n2": (0, 1, 2, 3)}, "gandiva", 8.0,
                  "pack = no\nmigrate = no\ngrow = no")
     yield e
