@@ -52,7 +52,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from slurm_gandiva.controller.observe import WRAPPER_MAX_NODES
 from slurm_gandiva.controller.service import round_record
 from slurm_gandiva.demo import DEFAULT_STATE_DIR, RESULTS_FILE, ROUND_LOG, WORKLOAD, Demo, DemoResult, JobResult
 from slurm_gandiva.model import ClusterView, JobSpec, RateTable
@@ -370,8 +369,8 @@ class WorkloadSimulator(Simulator):
         recs = super().make_jobs()
         for r in recs:
             lo, hi = self.ranges[r.job.job_id]
-            # One node per job, as the live controller tells the policies (the wrapper runs on one node).
-            spec: JobSpec = replace(r.job.spec, min_gpus=lo, max_gpus=hi, max_nodes=WRAPPER_MAX_NODES)
+            # Any number of nodes, as the live controller's default `max_nodes` tells the policies.
+            spec: JobSpec = replace(r.job.spec, min_gpus=lo, max_gpus=hi, max_nodes=None)
             # The controller knows no scaling table for the demo model: only what it measures.
             r.job = replace(r.job, spec=spec, rates=RateTable())
             r.arrive = max(spec.submit_time, self.arrive.get(spec.job_id, spec.submit_time))
@@ -535,6 +534,7 @@ def simulate(
         learn_rates=True,
         locality_penalty=0.0,
         requeue_ties=real.requeue_ties,  # as the real run's Slurm did
+        same_gpus_per_node=True,  # Slurm's per-node gres, as the controller's view says
     )
     sim = WorkloadSimulator(
         Trace("demo", tuple(jobs)),

@@ -357,7 +357,9 @@ class ClusterView:
     shards of a GPU and move them back to whole GPUs (Slurm 23.11.5 on); where it cannot, no policy packs.
     `group_caps`: group (`JobSpec.group`) -> the most jobs of that group that may run at once (a job
     array's %MAX throttle); a group not named here is not capped. Every policy keeps within it: a
-    time-slicing one rotates a group's jobs through its places.
+    time-slicing one rotates a group's jobs through its places. `same_gpus_per_node`: a job placed across
+    nodes gets the same GPU indices on every node, as many on each (Slurm's gres request is per node);
+    placements across nodes are then only such even spans (the simulator may place freely).
     """
 
     topology: Topology
@@ -366,6 +368,7 @@ class ClusterView:
     requeue_ties: bool = True
     packing: bool = True
     group_caps: Mapping[str, int] = field(default_factory=dict)
+    same_gpus_per_node: bool = False
 
     def group_cap(self, job: Job) -> int | None:
         """The most jobs of `job`'s group that may run at once (None: no cap)."""

@@ -45,6 +45,7 @@ class ControllerConfig:
     metrics_addr: str = "127.0.0.1"
     round_log: Path | None = None  # None: off; else each round's view and plan, a JSON line each
     round_log_max_mb: float = 50.0  # the round log is renamed to <round_log>.1 before it grows past this
+    max_nodes: int | None = None  # most nodes one job may span; None: as many as the cluster has
     source: str = "<defaults>"
 
     @property
@@ -80,6 +81,15 @@ def _positive_seconds(v: str) -> float:
 def _port(v: str) -> int:
     x = int(v)
     if not 0 <= x <= 65535:
+        raise ValueError
+    return x
+
+
+def _max_nodes(v: str) -> int | None:
+    if v.strip().lower() in ("", "any", "all"):
+        return None
+    x = int(v)
+    if x < 1:
         raise ValueError
     return x
 
@@ -136,6 +146,7 @@ _KEYS: dict[str, tuple[Callable[[str], object], str, str]] = {
     "round_log_max_mb": (
         _positive_seconds, "round_log_max_mb", "round_log_max_mb must be a positive number of megabytes",
     ),
+    "max_nodes": (_max_nodes, "max_nodes", "max_nodes must be a whole number of nodes, at least 1, or `any`"),
 }
 _ALIASES = {"database": "database_url", "db": "database_url", "topology": "topology_file"}
 

@@ -41,8 +41,6 @@ PROGRESS_CARRY_S = 30.0
 # A wrapper's training start this much before the slice's recorded start still belongs to the slice (the
 # slice is recorded when the controller has seen the job RUNNING; torch start-up alone takes longer).
 TRAINING_START_SLACK_S = 0.5
-# The job wrapper runs a job's processes on one node, so no managed job may span nodes.
-WRAPPER_MAX_NODES = 1
 
 
 class ProgressLike(Protocol):
@@ -107,9 +105,10 @@ def requested_gpu_count(job: SlurmJob) -> int:
 
 
 def requested_placement(job: SlurmJob) -> Placement | None:
-    """The exact placement a pending job was released onto: one node and typed gres `gK`, else None."""
+    """The exact placement a pending job was released onto: its required nodes and typed gres `gK` (the same
+    GPUs on each node), else None."""
     items = parse_gres_request(job.tres_per_node)
-    if len(job.nodes) != 1 or not items:
+    if not job.nodes or not items:
         return None
     idx: list[int] = []
     shared = False
@@ -118,7 +117,7 @@ def requested_placement(job: SlurmJob) -> Placement | None:
             return None
         idx.append(int(typ[1:]))
         shared = shared or name == "shard"
-    return Placement(tuple(GpuRef(job.nodes[0], i) for i in sorted(set(idx))), shared=shared)
+    return Placement(tuple(GpuRef(n, i) for n in job.nodes for i in sorted(set(idx))), shared=shared)
 
 
 def held_placement(job: SlurmJob) -> Placement | None:
@@ -224,8 +223,9 @@ class JobInputs:
     speedup: Mapping[int, float] | None = None  # k -> T(k)/T(1) from the model's scaling table
 
 
-def job_from(inp: JobInputs, topology: Topology, now: float) -> Job:
-    """The policies' Job for one managed job (pure)."""
+def job_from(inp: JobInputs, topology: Topology, now: float, max_nodes: int | None = None) -> Job:
+    """The policies' Job for one managed job (pure); it may span at most `max_nodes` nodes (the
+    controller's `max_nodes`; None: any)."""
     sj, slices = inp.slurm, inp.slices
     state = slurm_state(sj, slices)
     placement = held_placement(sj) if state is JobState.RUNNING else None
@@ -240,8 +240,8 @@ def job_from(inp: JobInputs, topology: Topology, now: float) -> Job:
     total = spec.total_work
     if total is None and prog is not None and prog.total_samples:
         spec = replace(spec, total_work=float(prog.total_samples))
-    if spec.max_nodes != WRAPPER_MAX_NODES:
-        spec = replace(spec, max_nodes=WRAPPER_MAX_NODES)
+    if spec.max_nodes != max_nodes:
+        spec = replace(spec, max_nodes=max_nodes)
     rates = rate_table(inp.rates)
     measured: float | None = None
     slice_start = open_slice.start if (open_slice and state is JobState.RUNNING) else None
@@ -297,30 +297,35 @@ def build_view(
     requeue_ties: bool = True,
     packing: bool = True,
     memo: JobMemo | None = None,
+    max_nodes: int | None = None,
 ) -> ClusterView:
     """The ClusterView of the managed jobs that are not finished (pure). `requeue_ties` and `packing`:
     what the running Slurm does (`ClusterView`, `SlurmCapabilities`). `memo` (the caller's, kept between
-    calls) remembers the Jobs of waiting jobs whose inputs did not change."""
+    calls) remembers the Jobs of waiting jobs whose inputs did not change. `max_nodes`: the most nodes a
+    job may span (the controller's config; None: any); a job across nodes gets the same GPUs on each, as
+    Slurm's per-node gres gives them (`ClusterView.same_gpus_per_node`)."""
     topo = topology_for(topology, nodes, foreign)
     jobs = tuple(
         sorted(
-            (j for j in (_job_from(i, topo, now, memo) for i in inputs) if not j.state.finished),
+            (j for j in (_job_from(i, topo, now, memo, max_nodes) for i in inputs) if not j.state.finished),
             key=lambda j: (j.spec.submit_time, _id_key(j.job_id)),
         )
     )
-    return ClusterView(topo, jobs, now, requeue_ties=requeue_ties, packing=packing)
+    return ClusterView(topo, jobs, now, requeue_ties=requeue_ties, packing=packing, same_gpus_per_node=True)
 
 
-def _job_from(inp: JobInputs, topology: Topology, now: float, memo: JobMemo | None) -> Job:
+def _job_from(
+    inp: JobInputs, topology: Topology, now: float, memo: JobMemo | None, max_nodes: int | None = None
+) -> Job:
     """`job_from`, remembered for a job that neither runs nor has an open slice: its Job then depends on
     its inputs alone (not on the time or the topology), and most of 10,000 managed jobs wait."""
     if memo is None:
-        return job_from(inp, topology, now)
+        return job_from(inp, topology, now, max_nodes)
     jid = inp.slurm.job_id
     hit = memo.get(jid)
-    if hit is not None and hit[0] == inp:
+    if hit is not None and hit[0] == inp and hit[1].spec.max_nodes == max_nodes:
         return hit[1]
-    job = job_from(inp, topology, now)
+    job = job_from(inp, topology, now, max_nodes)
     if job.state is JobState.RUNNING or any(s.is_open for s in inp.slices):
         memo.pop(jid, None)
     else:

@@ -278,6 +278,7 @@ class Controller:
         view = build_view(
             self.topology, snap.nodes, inputs, foreign_gpus(snap.jobs, self.config.partitions), now,
             requeue_ties=caps.requeue_keeps_gpu_indices, packing=caps.packing, memo=self._job_memo,
+            max_nodes=self.config.max_nodes,
         )
         view = with_array_groups(view, managed)  # the %MAX throttles, for the policy
         for memo in (self._job_memo, self._progress_memo, self._group_specs):

@@ -203,8 +203,16 @@ def gres_kind(tres_per_node: str) -> GresKind:
 
 
 def gres_for(placement: Placement) -> str:
-    """Per-GPU typed gres for a single-node placement: gpu:g0:1,gpu:g2:1 (whole) or shard:g0:1,... (shared)."""
+    """Per-GPU typed gres for a placement, per node (the same GPUs on each of its nodes: `_check_placement`):
+    gpu:g0:1,gpu:g2:1 (whole) or shard:g0:1,... (shared)."""
     return gres_string(placement.on_node(placement.nodes[0]), shared=placement.shared)
+
+
+def node_fields(placement: Placement) -> dict[str, str]:
+    """The scontrol update fields that put a held job on the placement's nodes: its node list, and as many
+    nodes and tasks (the wrapper starts one launcher per node) as it spans."""
+    count = str(len(placement.nodes))
+    return {"nodelist": ",".join(placement.nodes), "numnodes": count, "numtasks": count}
 
 
 def placement_of(job: SlurmJob) -> Placement | None:
@@ -559,7 +567,7 @@ class RequeueProtocol:
             raise ProtocolError(f"job {job_id} is running on {current}: suspend it first, or use migrate / resize")
         if ph is Phase.STOPPING:
             raise ProtocolError(f"job {job_id} is {job.state}: suspend it (or wait) before resuming")
-        node = placement.nodes[0]
+        node = ",".join(placement.nodes)
         kind = gres_kind(job.tres_per_node)
         gres = plan_gres(job, placement, self.backend.capabilities())
         if ph is Phase.RELEASED:
@@ -568,7 +576,7 @@ class RequeueProtocol:
 
         def set_placement() -> str:
             try:
-                self.backend.update(job_id, nodelist=node, gres=gres)
+                self.backend.update(job_id, **node_fields(placement), gres=gres)
             except InvalidRequest as exc:
                 if "gres" not in str(exc).lower() and "generic resource" not in str(exc).lower():
                     raise
@@ -749,8 +757,12 @@ def _gres_refusal(job_id: str, kind: GresKind, placement: Placement, why: str = 
 def _check_placement(placement: Placement) -> None:
     if not placement.gpus:
         raise BadRequest("a placement needs at least one GPU")
-    if len(placement.nodes) != 1:
-        raise BadRequest(f"placement {placement} spans several nodes; the wrapper runs a job on one node")
+    if len(placement.nodes) > 1:
+        if len({placement.on_node(n) for n in placement.nodes}) != 1:
+            raise BadRequest(f"placement {placement} has different GPUs on its nodes: Slurm gives a job the same "
+                             "GPUs on every node (per-node gres); use the same GPU indices on each")
+        if placement.shared:
+            raise BadRequest(f"placement {placement}: a job across nodes runs on whole GPUs, not shards")
 
 
 def parse_node_gpus(gres: str) -> tuple[int, ...]:

@@ -282,7 +282,8 @@ def _run_round(
         # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
         # lower-priority jobs there once nothing younger than a min slice is left in its way.
         _hand_on(order, counts, res, back, counted)
-        pool = GpuPool(view.topology, memo, strict_ties=strict_ties, ties=view.requeue_ties)
+        pool = GpuPool(view.topology, memo, strict_ties=strict_ties, ties=view.requeue_ties,
+                       even_spans=view.same_gpus_per_node)
         hold = Placement(res.held)
         pool.book(hold)
         targets, pool = realize(

@@ -100,9 +100,17 @@ class GpuPool:
     """Which GPUs of the up nodes are free, whole or as shards, indexed for fast placement."""
 
     def __init__(
-        self, topology: Topology, memo: Memo | None = None, *, strict_ties: bool = False, ties: bool = True
+        self,
+        topology: Topology,
+        memo: Memo | None = None,
+        *,
+        strict_ties: bool = False,
+        ties: bool = True,
+        even_spans: bool = False,
     ) -> None:
         self.topology = topology
+        # A job across nodes gets the same GPU indices on each (`ClusterView.same_gpus_per_node`).
+        self.even_spans = even_spans
         self.memo = memo if memo is not None else Memo()
         self.ties = ties  # Slurm ties requeued jobs to their old GPU indices (`ClusterView.requeue_ties`)
         self.strict_ties = strict_ties  # `find`: never place a requeued job where Slurm would hold it
@@ -336,6 +344,8 @@ class GpuPool:
                 return Placement(tuple(best[1]))
         if max_nodes == 1:
             return None
+        if self.even_spans:
+            return self._find_even(gpus, tied, prefer, max_nodes)
         found = self._find_across(gpus, tied, prefer)
         if found is not None and max_nodes is not None and len(found.nodes) > max_nodes:
             return None  # the fewest nodes that hold `gpus` free GPUs are still too many
@@ -352,6 +362,35 @@ class GpuPool:
         if refs is None:
             refs = self._node_refs[name] = tuple(g.ref for g in self.topology.node(name).gpus)
         return refs
+
+    def _find_even(
+        self, gpus: int, tied: frozenset[int], prefer: frozenset[int], max_nodes: int | None
+    ) -> Placement | None:
+        """Across as few nodes as possible with the same free GPU indices on each (Slurm's per-node gres gives
+        a job the same GPUs on every node): k nodes with `gpus / k` shared free indices, best-fitting nodes
+        (fewest free GPUs) first, so whole free nodes are kept for jobs that need them."""
+        by_set: dict[frozenset[int], list[str]] = {}
+        for (_, f), bucket in self._index.items():
+            if f:
+                for name in bucket:
+                    if not tied or self._clear_for(name, tied):
+                        by_set.setdefault(frozenset(r.index for r in self._nodes[name].free), []).append(name)
+        sets = sorted(by_set, key=lambda fs: (len(fs), sorted(fs)))
+        hosts_total = sum(len(v) for v in by_set.values())
+        most = hosts_total if max_nodes is None else min(max_nodes, hosts_total)
+        for k in range(2, most + 1):
+            if gpus % k or gpus // k > self.max_node_gpus:
+                continue
+            per = gpus // k
+            for fs in sets:
+                if len(fs) < per:
+                    continue
+                refs, _ = _pick_on_node(self._nodes[by_set[fs][0]], per, prefer)
+                want = frozenset(r.index for r in refs)
+                hosts = [n for other in sets if want <= other for n in sorted(by_set[other])]
+                if len(hosts) >= k:
+                    return Placement(tuple(GpuRef(n, i) for n in sorted(hosts[:k]) for i in sorted(want)))
+        return None
 
     def _find_across(
         self, gpus: int, tied: frozenset[int] = frozenset(), prefer: frozenset[int] = frozenset()
@@ -454,6 +493,26 @@ def shrink(topology: Topology, placement: Placement, k: int) -> Placement:
     return Placement(tuple(kept), shared=placement.shared)
 
 
+def is_even(placement: Placement) -> bool:
+    """Whether `placement` has the same GPU indices on each of its nodes (what Slurm's per-node gres gives)."""
+    sets = {frozenset(placement.on_node(n)) for n in placement.nodes}
+    return len(sets) == 1
+
+
+def even_shrink(topology: Topology, placement: Placement, k: int) -> Placement | None:
+    """The k GPUs to keep of an even `placement` (`is_even`) so that what is kept is even too: the fewest of
+    its nodes that hold k GPUs with the same indices on each (the indices `shrink` keeps on the first node);
+    None when no such part exists (k GPUs cannot be spread evenly over its nodes)."""
+    nodes = sorted(placement.nodes)
+    per = len(placement.on_node(nodes[0]))
+    for m in range(1, len(nodes) + 1):
+        if k % m == 0 and k // m <= per:
+            first = Placement(tuple(GpuRef(nodes[0], i) for i in placement.on_node(nodes[0])), shared=placement.shared)
+            keep = sorted(g.index for g in shrink(topology, first, k // m).gpus)
+            return Placement(tuple(GpuRef(n, i) for n in nodes[:m] for i in keep), shared=placement.shared)
+    return None
+
+
 @dataclass
 class Targets:
     """What `realize` produced: target placements (only for jobs that change) and their annotations."""
@@ -502,7 +561,8 @@ def realize(
     `strict_ties`: see `GpuPool.find` (for the pool made here).
     """
     topo = view.topology
-    pool = pool or GpuPool(topo, memo, strict_ties=strict_ties, ties=view.requeue_ties)
+    pool = pool or GpuPool(topo, memo, strict_ties=strict_ties, ties=view.requeue_ties,
+                           even_spans=view.same_gpus_per_node)
     out = Targets()
     kept: dict[str, Placement] = {}
     pending: list[Job] = []
@@ -522,7 +582,13 @@ def realize(
             elif want >= cur.count or not all(topo.has_gpu(g) for g in cur.gpus):
                 stay.append((job, cur, want))
             else:
-                stay.append((job, shrink(topo, cur, want), want))
+                part: Placement | None = shrink(topo, cur, want)
+                if pool.even_spans and part is not None and not is_even(part):
+                    part = even_shrink(topo, cur, want) if is_even(cur) else None
+                if part is None:
+                    pending.append(job)  # placed anew: moved to where its count fits evenly
+                else:
+                    stay.append((job, part, want))
         elif want > 0:
             pending.append(job)
     for (job, target, want), ok in zip(stay, pool.book_many([t for _, t, _ in stay]), strict=True):

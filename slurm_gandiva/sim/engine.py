@@ -153,6 +153,9 @@ class SimConfig:
     # The simulated Slurm ties requeued jobs to their old GPU indices, as Slurm 22.05 does
     # (`ClusterView.requeue_ties`; False for 23.02.2 and later).
     requeue_ties: bool = True
+    # Jobs across nodes get the same GPU indices on each (`ClusterView.same_gpus_per_node`; Slurm's
+    # per-node gres): what the live controller plans with.
+    same_gpus_per_node: bool = False
 
     def topology(self) -> Topology:
         return Topology.uniform(
@@ -472,7 +475,8 @@ class Simulator:
                     rates = rates.with_rate(p.count, self.topology.locality(p.gpus), r.rate)
                 r.job = _synced(r.job, min(r.progress, r.total), r.service, r.rate if trained else None, start, rates)
             view = ClusterView(
-                self.topology, tuple(r.job for r in active.values()), t, requeue_ties=self.config.requeue_ties
+                self.topology, tuple(r.job for r in active.values()), t, requeue_ties=self.config.requeue_ties,
+                same_gpus_per_node=self.config.same_gpus_per_node
             )
             plan = self.policy.decide(view, t)
             decisions += 1

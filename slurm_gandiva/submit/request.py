@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurm_gandiva.errors import BadRequest
@@ -34,7 +34,7 @@ _MANAGED_LONG = {
     "--tres-per-task": "the controller chooses the GPUs: use --gpus N or --gpus MIN:MAX",
     "--nodelist": "the controller chooses the nodes",
     "--nodefile": "the controller chooses the nodes",
-    "--nodes": "managed jobs run on one node",
+    "--nodes": "the controller chooses the nodes (a job with more GPUs than a node has spans several)",
     "--comment": "the comment marks jobs the controller owns",
     "--no-requeue": "managed jobs are suspended by a held requeue and must stay requeueable",
     "--open-mode": "managed jobs always append to their output (they run in several slices)",
@@ -316,6 +316,17 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
     )
 
 
+def placeable(k: int, node_gpus: Iterable[int]) -> bool:
+    """Whether k GPUs fit on nodes of these GPU counts with as many on each node used (Slurm's per-node gres):
+    m nodes with at least k/m GPUs each, for some m that divides k."""
+    sizes = sorted(node_gpus, reverse=True)
+    return any(k % m == 0 and sizes[m - 1] >= k // m for m in range(1, len(sizes) + 1))
+
+
+def _sizes(node_gpus: Iterable[int]) -> str:
+    return "/".join(str(n) for n in sorted(set(node_gpus)))
+
+
 def validate(req: SbatchRequest, limits: ClusterLimits, *, check_command: bool = True) -> None:
     """Refuse a request that can never run (BadRequest, one line). Checks the command exists on PATH."""
     if not req.command:
@@ -340,10 +351,11 @@ def validate(req: SbatchRequest, limits: ClusterLimits, *, check_command: bool =
         raise BadRequest(f"the cluster has no GPUs{where}: ask your admin which partition has GPUs")
     if req.gpus.min > total:
         raise BadRequest(f"--gpus asks for at least {req.gpus.min} GPUs but the cluster has {total}{where}")
-    biggest = max(nodes.values())
-    if req.gpus.max > biggest:
-        fix = f"{biggest}" if req.gpus.min >= biggest else f"{req.gpus.min}:{biggest}"
-        raise BadRequest(
-            f"--gpus asks for up to {req.gpus.max} GPUs but the largest node{where} has {biggest} "
-            f"(a job runs on one node): use --gpus {fix}"
-        )
+    for k in (req.gpus.min, req.gpus.max):
+        if not placeable(k, nodes.values()):
+            fit = max((n for n in range(1, k) if placeable(n, nodes.values())), default=1)
+            fix = f"{fit}" if req.gpus.min >= fit or req.gpus.min == req.gpus.max else f"{req.gpus.min}:{fit}"
+            raise BadRequest(
+                f"--gpus asks for {k} GPUs, which cannot be spread evenly over the nodes{where} (a job on "
+                f"several nodes gets the same GPUs on each; nodes have {_sizes(nodes.values())} GPUs): use --gpus {fix}"
+            )

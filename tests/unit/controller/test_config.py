@@ -63,6 +63,7 @@ packing = yes
         ("[nope]\n", "gandiva.conf:1: unknown section [nope]"),
         ("quantum = 10\ntick = 30\n", "gandiva.conf:2: tick (30 s) must not be longer than quantum (10 s)"),
         ("database_url = /not/a/url\n", "gandiva.conf:1: database_url must be a SQLAlchemy URL"),
+        ("max_nodes = 0\n", "gandiva.conf:1: max_nodes must be a whole number of nodes, at least 1, or `any`"),
     ],
 )
 def test_errors_name_the_line(text: str, message: str) -> None:
@@ -70,6 +71,11 @@ def test_errors_name_the_line(text: str, message: str) -> None:
         parse_config(text, "gandiva.conf")
     assert str(err.value).startswith(message)
     assert "\n" not in str(err.value)
+
+
+def test_max_nodes_defaults_to_any() -> None:
+    assert parse_config("", "x").max_nodes is None and parse_config("max_nodes = any\n", "x").max_nodes is None
+    assert parse_config("max_nodes = 2\n", "x").max_nodes == 2
 
 
 def test_missing_file_says_what_to_do(tmp_path: Path) -> None:

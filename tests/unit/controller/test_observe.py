@@ -142,16 +142,24 @@ def test_scaling_prior_fills_unmeasured_counts_anchored_to_measurements() -> Non
     assert j.rates.speedup(2) == 1.9
 
 
-def test_every_managed_job_is_limited_to_one_node() -> None:
-    """The job wrapper runs on one node: observe caps every managed job at one node, whatever its spec."""
-    wide = JobSpec("1", "alice", 2, 8, 1000.0, max_nodes=None)
-    view = build_view(TOPO, nodes(), [JobInputs(sjob("1"), wide)], {}, 1001.0)
-    assert view.job("1").spec.max_nodes == 1
-    # ... so the policies never spread it: 8 GPUs over two 4-GPU nodes waits, 4 starts on one node.
+def test_max_nodes_from_the_config_caps_every_job_and_spans_are_even() -> None:
+    """The controller's `max_nodes` (config) caps every managed job, whatever its spec; a job across nodes
+    gets the same GPUs on each (Slurm's per-node gres)."""
     from slurm_gandiva.selector import make_policy
+    from slurm_gandiva.selector.placement import is_even
 
+    wide = JobSpec("1", "alice", 8, 8, 1000.0, max_nodes=1)
+    view = build_view(TOPO, nodes(), [JobInputs(sjob("1"), wide)], {}, 1001.0, max_nodes=None)
+    assert view.job("1").spec.max_nodes is None and view.same_gpus_per_node
     for name in ("gandiva", "default", "afs-l"):
         plan = make_policy(name).decide(view, 1001.0)
+        assert [len(d.placement.nodes) for d in plan.decisions if d.placement] == [2], name
+        assert all(is_even(d.placement) for d in plan.decisions if d.placement)
+    one = build_view(TOPO, nodes(), [JobInputs(sjob("1"), JobSpec("1", "alice", 2, 8, 1000.0))], {}, 1001.0,
+                     max_nodes=1)
+    assert one.job("1").spec.max_nodes == 1
+    for name in ("gandiva", "default", "afs-l"):
+        plan = make_policy(name).decide(one, 1001.0)
         assert [len(d.placement.nodes) for d in plan.decisions if d.placement] == [1], name
 
 

@@ -145,7 +145,7 @@ class FakeSlurm:
                 busy = {
                     g
                     for o in self.jobs_.values()
-                    if o is not j and o.state == "RUNNING" and o.node == j.req_node
+                    if o is not j and o.state == "RUNNING" and set(o.node.split(",")) & set(j.req_node.split(","))
                     for g in o.gpus
                 }
                 untyped = j.req.get(("gpu", ""), 0)
@@ -192,7 +192,7 @@ class FakeSlurm:
             self.clock.sleep(self.auto_tick)
         j = self._get(job_id)
         running = j.state == "RUNNING"
-        held = {j.node: j.gpus} if running and j.gpus else {}
+        held = {n: j.gpus for n in j.node.split(",")} if running and j.gpus else {}  # per-node gres: same GPUs
         return SlurmJob(
             job_id=j.job_id,
             name="train",
@@ -200,7 +200,7 @@ class FakeSlurm:
             state=j.state,
             reason=j.reason,
             hold=j.hold,
-            nodes=(j.node,) if running else (j.req_node,),
+            nodes=tuple((j.node if running else j.req_node).split(",")),
             gpus={} if j.shared else held,
             shards=held if j.shared else {},
             restart_count=j.restart_count,

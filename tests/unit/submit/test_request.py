@@ -87,8 +87,9 @@ def test_help_flag() -> None:
     "argv,needle",
     [
         (["--gpus", "9"], "the cluster has 8"),
-        (["--gpus", "5"], "largest node has 4 (a job runs on one node): use --gpus 4"),
-        (["--gpus", "2:6"], "use --gpus 2:4"),
+        (["--gpus", "5"], "5 GPUs, which cannot be spread evenly over the nodes (a job on several nodes gets the "
+                          "same GPUs on each; nodes have 4 GPUs): use --gpus 4"),
+        (["--gpus", "2:7"], "use --gpus 2:6"),
         (["-p", "nope", "--gpus", "1"], "unknown partition 'nope': choose one of gpu, small"),
         (["-p", "small", "--gpus", "5"], "cluster has 4 in partition small"),
     ],
@@ -178,3 +179,8 @@ def test_sbatch_environment_variables_that_set_managed_options_are_refused() -> 
                         ("SBATCH_SIGNAL", "--signal")):
         with pytest.raises(BadRequest, match=f"{var} sets sbatch's {option}, which gandiva manages: unset it"):
             check_environment({var: "x"})
+
+
+@pytest.mark.parametrize("gpus", ["8", "6", "3:8", "2"])
+def test_a_job_wider_than_a_node_is_accepted_when_it_splits_evenly(gpus: str) -> None:
+    validate(parse_request(["--gpus", gpus, "--", "true"]), LIMITS)

@@ -121,7 +121,7 @@ def test_without_topology_file_gpus_come_from_slurm(tmp_path: Path) -> None:
     (tmp_path / "jobs").mkdir()
     be = FakeBackend()
     env = {"GANDIVA_JOBS_ROOT": str(tmp_path / "jobs")}
-    with pytest.raises(BadRequest, match="largest node has 4"):
+    with pytest.raises(BadRequest, match="nodes have 4 GPUs"):
         _submit(["--gpus", "5", "--", "true"], be, env)
     assert _submit(["--gpus", "4", "--", "true"], be, env) == "101"
 
