@@ -204,13 +204,19 @@ class CliBackend:
         # those with a record of their own (a suspended task) included, and such a record would go unseen.
         # A record still holding several tasks prints a line for each, under its own id: joined.
         out = self._run(["squeue", "--noheader", "--array", "--states=all", f"--Format={fmt}"], "squeue")
-        listing: dict[str, str] = {}
+        # An array's never-run tasks share its record: its lines are gathered and joined once (joining
+        # them one by one copied the growing string for every task, quadratic: 0.1-3 s at 10,000 tasks).
+        lines: dict[str, list[str]] = {}
         for line in out.splitlines():
             rid = line.split("|", 1)[0].strip()
             if not rid.isdigit():
                 return None
-            listing[rid] = f"{listing[rid]}\n{line}" if rid in listing else line
-        return listing
+            same = lines.get(rid)
+            if same is None:
+                lines[rid] = [line]
+            else:
+                same.append(line)
+        return {rid: ls[0] if len(ls) == 1 else "\n".join(ls) for rid, ls in lines.items()}
 
     def _squeue_records(self, *filters: str) -> dict[str, Mapping[str, Any]]:
         """squeue --json's job records by job id, unparsed ({} when a filter names no job Slurm knows)."""
