@@ -184,6 +184,7 @@ class Bench:
         parts = dict(self.clock.spent)
         parts["rest"] = max(0.0, total - sum(parts.get(p, 0.0) for p in PARTS if p != "rest"))
         ended = time.time()
+        self.ctl.collect_garbage()  # as the scheduler's tick job does after the round (not part of it)
         skipped = int(max(0.0, ended - self.next_at) // tick)
         self.next_at += (skipped + 1) * tick
         if ended - self.last_introspect >= self.cfg.introspect:

@@ -304,3 +304,42 @@ def test_rounds_fall_on_multiples_of_the_tick_in_wall_time() -> None:
     later = trig.get_next_fire_time(first, datetime.datetime.fromtimestamp(now + 4.0, utc))
     assert later.timestamp() == 1_795_400_007.0  # on the grid (a late round is coalesced onto it)
     assert _multiple(30.0, 3.0) and _multiple(15.0, 5.0) and not _multiple(20.0, 3.0) and not _multiple(2.0, 5.0)
+
+
+def test_no_automatic_cycle_collection_inside_a_round(tmp_path: Path) -> None:
+    """A round runs with automatic collection off (it walked every long-lived object, 0.1-0.2 s of a
+    10,000-job round); it is on again after the round, also after a failing one, and the tick job
+    collects between rounds."""
+    import gc
+
+    policy = Toy()
+    ctl, _backend, store = make(tmp_path, [sjob("1")], policy)
+    seen: list[bool] = []
+    decide = policy.decide
+
+    def watching(view: ClusterView, now: float) -> Plan:
+        seen.append(gc.isenabled())
+        return decide(view, now)
+
+    policy.decide = watching  # type: ignore[method-assign]
+    try:
+        assert gc.isenabled()
+        ctl.tick()
+        assert seen == [False] and gc.isenabled()
+        policy.fail = True
+        assert ctl.tick().error  # the failure is reported, not raised
+        assert gc.isenabled()
+        gc.disable()  # a caller that turned it off keeps it off
+        ctl.tick()
+        assert not gc.isenabled()
+        gc.enable()
+        collected: list[int] = []
+        gc.callbacks.append(lambda phase, info: collected.append(info["generation"]) if phase == "stop" else None)
+        try:
+            ctl._round_job()
+        finally:
+            gc.callbacks.pop()
+        assert 2 in collected  # the full collection put off from the round
+    finally:
+        gc.enable()
+        store.close()
