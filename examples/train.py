@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         nn.Linear(args.dim, args.hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(args.hidden, 1)
     )
     if world > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+        # Bit-for-bit after a suspend at any world size (DDP's own all-reduce is exact for 2 ranks only).
+        model = job_wrapper.ordered_allreduce(nn.parallel.DistributedDataParallel(model))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
     data = make_data(args.samples, args.dim, args.seed + 1)

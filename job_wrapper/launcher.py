@@ -495,7 +495,9 @@ def _run_across_nodes(
     codes, missing = node_codes(files, nodes, nprocs)
     append_event(files.events, "child_exit", srun=srun.returncode, codes=codes)
     if missing:
-        outcome, reason = ExitCode.FAILED, "; ".join(missing) + f" (srun {_describe(srun.returncode)})"
+        bad = [f"rank {r}: {_describe(c)}" for r, c in enumerate(codes)
+               if c is not None and c not in (ExitCode.DONE, ExitCode.SUSPENDED)]
+        outcome, reason = ExitCode.FAILED, "; ".join(bad + missing) + f" (srun {_describe(srun.returncode)})"
     else:
         outcome, reason = decide_outcome(codes)
     if outcome == ExitCode.SUSPENDED and st.terminated_by:

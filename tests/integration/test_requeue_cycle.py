@@ -108,10 +108,10 @@ def starts(out: Path) -> list[tuple[int, str, str]]:
     return [(int(r), n, c) for r, n, c in START_LINE.findall(out.read_text())]
 
 
-def reference_hash(tmp: Path, train_args: list[str]) -> subprocess.Popen[str]:
-    """The uninterrupted run, outside Slurm, through the same wrapper (1 process)."""
+def reference_hash(tmp: Path, train_args: list[str], nprocs: int = 1) -> subprocess.Popen[str]:
+    """The uninterrupted run, outside Slurm, through the same wrapper (`nprocs` processes)."""
     return subprocess.Popen(
-        [WRAPPER, "--state-dir", str(tmp), "--nprocs", "1", "--", sys.executable, TRAIN, *train_args],
+        [WRAPPER, "--state-dir", str(tmp), "--nprocs", str(nprocs), "--", sys.executable, TRAIN, *train_args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
