@@ -45,7 +45,6 @@ from slurm_gandiva.controller.observe import (
     ProgressReader,
     build_view,
     foreign_gpus,
-    is_managed,
 )
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
 from slurm_gandiva.errors import ConfigError, GandivaError, JobFileError
@@ -59,6 +58,9 @@ from slurm_gandiva.store.api import JobRecord, StoreApi
 from slurm_gandiva.store.memo import MemoStore
 
 log = logging.getLogger(__name__)
+
+
+_NO_TRIALS: frozenset[TrialKind] = frozenset()
 
 
 def make_configured_policy(cfg: ControllerConfig) -> Policy:
@@ -191,6 +193,9 @@ class Controller:
         self._speedups: dict[tuple[str, int], Mapping[int, float] | None] = {}
         self._job_memo: JobMemo = {}  # waiting jobs' policy Jobs, while their inputs stay the same
         self._group_specs: GroupSpecs = {}  # array tasks' specs with their array as group
+        # job id -> (its SlurmJob, record, rates, progress, trial, failed trials) and the JobInputs made of
+        # them, for a job without slices (see `observe`)
+        self._inputs_memo: dict[str, tuple[Any, ...]] = {}
         # job id -> (whether it ran when its progress file was read, the report, why it was refused)
         self._progress_memo: dict[str, tuple[bool, ProgressLike | None, str | None]] = {}
         self._backoff: dict[str, float] = {}  # job id -> until when its failed moves are not retried
@@ -244,9 +249,7 @@ class Controller:
     # -- observe --------------------------------------------------------------------------------------
     def observe(self, snap: Snapshot) -> Observation:
         """The view of the managed, registered, unfinished jobs (one store query per kind of record)."""
-        managed = {
-            j.job_id: j for j in snap.jobs if is_managed(j, self.config.partitions) and not j.finished
-        }
+        managed = {jid: j for jid, j in self.reconciler.managed.of(snap).items() if not j.finished}
         found = self.store.jobs_by_id(managed)
         records = {jid: found[jid] for jid in managed if jid in found}
         slices_by_job: dict[str, list[Any]] = {jid: [] for jid in records}
@@ -257,22 +260,41 @@ class Controller:
         progress: dict[str, ProgressLike] = {}
         inputs: list[JobInputs] = []
         problems: dict[str, str] = {}
+        no_slices: list[Any] = []
         for jid, rec in records.items():
-            prog = self._progress_now(jid, rec, managed[jid], problems)
+            sj = managed[jid]
+            prog = self._progress_now(jid, rec, sj, problems)
             if prog is not None:
                 progress[jid] = prog
-            inputs.append(
-                JobInputs(
-                    slurm=managed[jid],
-                    spec=grouped_spec(rec.spec, managed[jid], self._group_specs),
-                    slices=tuple(slices_by_job.get(jid, ())),
-                    rates=rates.get(jid, ()),
-                    progress=prog,
-                    trial=self._trials.get(jid),
-                    failed_trials=self._failed_trials.get(jid, frozenset()),
-                    speedup=self.speedup(rec.spec.model, rec.spec.max_gpus) if rec.spec.elastic else None,
-                )
+            slices = slices_by_job.get(jid, no_slices)
+            job_rates = rates.get(jid, ())
+            trial = self._trials.get(jid)
+            failed = self._failed_trials.get(jid, _NO_TRIALS)
+            # A job whose every input is the very object of the last round (most waiting jobs: the
+            # backend, the store's memo and the progress memo hand out the same objects while nothing
+            # changes) keeps its JobInputs: the group spec, the speed-up and the record are not made again.
+            seen = self._inputs_memo.get(jid)
+            if (
+                seen is not None and not slices and seen[0] is sj and seen[1] is rec and seen[2] is job_rates
+                and seen[3] is prog and seen[4] is trial and seen[5] is failed
+            ):
+                inputs.append(seen[6])
+                continue
+            inp = JobInputs(
+                slurm=sj,
+                spec=grouped_spec(rec.spec, sj, self._group_specs),
+                slices=tuple(slices),
+                rates=job_rates,
+                progress=prog,
+                trial=trial,
+                failed_trials=failed,
+                speedup=self.speedup(rec.spec.model, rec.spec.max_gpus) if rec.spec.elastic else None,
             )
+            if slices:
+                self._inputs_memo.pop(jid, None)
+            else:
+                self._inputs_memo[jid] = (sj, rec, job_rates, prog, trial, failed, inp)
+            inputs.append(inp)
         self._note_file_problems(problems)
         now = self.clock()
         caps = self.backend.capabilities()
@@ -282,7 +304,7 @@ class Controller:
             max_nodes=self.config.max_nodes,
         )
         view = with_array_groups(view, managed)  # the %MAX throttles, for the policy
-        for memo in (self._job_memo, self._progress_memo, self._group_specs):
+        for memo in (self._job_memo, self._progress_memo, self._group_specs, self._inputs_memo):
             for jid in memo.keys() - records.keys():
                 del memo[jid]
         self._memo.retain(j.job_id for j in snap.jobs)

@@ -13,7 +13,7 @@ from controller_fakes import FakeBackend, FakeProtocol, sjob
 
 from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.controller.service import Controller
-from slurm_gandiva.model import ClusterView, GpuRef, Locality, Placement, Topology
+from slurm_gandiva.model import ClusterView, GpuRef, JobState, Locality, Placement, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.store import SliceEnd, Store
 
@@ -342,4 +342,42 @@ def test_no_automatic_cycle_collection_inside_a_round(tmp_path: Path) -> None:
         assert 2 in collected  # the full collection put off from the round
     finally:
         gc.enable()
+        store.close()
+
+
+def test_a_waiting_jobs_inputs_are_kept_while_they_are_the_same_objects(tmp_path: Path) -> None:
+    """observe keeps a slice-less job's JobInputs while its SlurmJob, record, rates, progress and trials
+    are the very objects of the last round, makes them again when any is replaced, and its view is the
+    one a controller without that memory sees."""
+    from dataclasses import replace
+
+    policy = Toy()
+    policy.override = Plan()  # nothing is started: every job waits
+    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy)
+    try:
+        ctl.tick()  # registers both
+        ctl.tick()
+        first = ctl._inputs_memo["1"][-1]
+        ctl.tick()
+        assert ctl._inputs_memo["1"][-1] is first
+        managed = ctl.reconciler.managed
+        snap = backend.snapshot()
+        assert managed.of(snap) is managed.of(snap)  # worked out once per snapshot
+        backend.set(replace(backend.job("1"), reason="Priority"))  # a new SlurmJob for job 1
+        ctl.tick()
+        assert ctl._inputs_memo["1"][-1] is not first and ctl._inputs_memo["1"][-1].slurm.reason == "Priority"
+        second = ctl._inputs_memo["2"][-1]
+        ctl.store.set_job_state("2", JobState.QUEUED, at=time.time())  # a store write: a new record
+        ctl.tick()
+        assert ctl._inputs_memo["2"][-1] is not second
+        fresh = Controller(
+            ctl.config, backend, store, policy=Toy(), protocol=FakeProtocol(backend), topology=TOPO,
+            progress_reader=lambda _p, _u: None,
+        )
+        snap = backend.snapshot()
+        assert ctl.observe(snap).view.jobs == fresh.observe(snap).view.jobs
+        backend.set(replace(backend.job("2"), state="CANCELLED"))  # gone from the view: forgotten
+        ctl.tick()
+        assert "2" not in ctl._inputs_memo
+    finally:
         store.close()
