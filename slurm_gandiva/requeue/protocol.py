@@ -210,9 +210,10 @@ def gres_for(placement: Placement) -> str:
 
 def node_fields(placement: Placement) -> dict[str, str]:
     """The scontrol update fields that put a held job on the placement's nodes: its node list, and as many
-    nodes and tasks (the wrapper starts one launcher per node) as it spans."""
-    count = str(len(placement.nodes))
-    return {"nodelist": ",".join(placement.nodes), "numnodes": count, "numtasks": count}
+    nodes and tasks (the wrapper starts one launcher per node) as it spans. The node count is given as a
+    range N-N: Slurm 22.05 refuses a bare N for a pending job ("Node count specification invalid")."""
+    count = len(placement.nodes)
+    return {"nodelist": ",".join(placement.nodes), "numnodes": f"{count}-{count}", "numtasks": str(count)}
 
 
 def placement_of(job: SlurmJob) -> Placement | None:

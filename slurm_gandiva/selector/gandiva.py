@@ -383,10 +383,8 @@ def _reservation(
         if p is not None:
             for name in p.nodes:
                 holders.setdefault(name, []).append((j, p))
-    best: tuple[tuple[int, int, int, str], _Reservation] | None = None
-    for node in view.topology.nodes:
-        if not node.up or len(node.gpus) < k:
-            continue
+    def option(node: Node, need: int) -> tuple[tuple[int, int, int, str], list[GpuRef], list[str], bool] | None:
+        """(score, GPUs kept, jobs that yield, startable) for keeping `need` GPUs of `node`; None: no room."""
         on_node = holders.get(node.name, [])
         permanent = pinned = 0
         movable: list[tuple[Job, Placement]] = []
@@ -398,28 +396,60 @@ def _reservation(
                 pinned += n
             else:
                 movable.append((j, p))
-        if len(node.gpus) - permanent < k:
-            continue
-        startable = len(node.gpus) - permanent - pinned >= k
+        if len(node.gpus) - permanent < need:
+            return None
+        startable = len(node.gpus) - permanent - pinned >= need
         yields: list[str] = []
         free = _free_on(node, on_node, yields)
         if startable:
             movable.sort(key=lambda m: -rank[m[0].job_id])  # the lowest priority stops first
             for j, _ in movable:
-                if len(free) >= k:
+                if len(free) >= need:
                     break
                 yields.append(j.job_id)
                 free = _free_on(node, on_node, yields)
-            if len(free) < k:  # shared GPUs: a sharer still holds one
-                continue
+            if len(free) < need:  # shared GPUs: a sharer still holds one
+                return None
         if strict_ties and tied:
             staying = {g for j, p in on_node if j.job_id not in yields and p == j.placement for g in p.gpus}
             if any(g.index in tied for g in staying if g.node == node.name):
-                continue
-        score = (0 if startable else 1, pinned, len(yields), node.name)
+                return None
+        return (0 if startable else 1, pinned, len(yields), node.name), list(free), yields, startable
+
+    up = [node for node in view.topology.nodes if node.up and node.gpus]
+    if up and k > max(len(node.gpus) for node in up):
+        return _wide_reservation(head, k, [(node, option(node, len(node.gpus))) for node in up])
+    best: tuple[tuple[int, int, int, str], _Reservation] | None = None
+    for node in up:
+        if len(node.gpus) < k:
+            continue
+        got = option(node, k)
+        if got is None:
+            continue
+        score, free, yields, startable = got
         if best is None or score < best[0]:
             best = (score, _Reservation(head, tuple(free), tuple(yields), startable))
     return best[1] if best is not None and best[1].held else None
+
+
+def _wide_reservation(
+    head: Job,
+    k: int,
+    options: Sequence[tuple[Node, tuple[tuple[int, int, int, str], list[GpuRef], list[str], bool] | None]],
+) -> _Reservation | None:
+    """Whole nodes kept for a waiting job wider than any node: the fewest nodes over which its GPUs split
+    evenly (a job across nodes gets the same GPUs on each), the best-scored ones (startable, fewest pinned
+    GPUs, fewest jobs to stop). Whole nodes, so that the same GPUs are free on each when it starts."""
+    ranked = sorted((opt for node, opt in options if opt is not None), key=lambda o: o[0])
+    size = max((len(node.gpus) for node, _ in options), default=0)
+    for m in range(-(-k // size) if size else 1, len(ranked) + 1):
+        if k % m or k // m > size:
+            continue
+        chosen = ranked[:m]
+        held = tuple(g for _, free, _, _ in chosen for g in free)
+        yields = tuple(j for _, _, ys, _ in chosen for j in ys)
+        return _Reservation(head, held, yields, all(st for _, _, _, st in chosen)) if held else None
+    return None
 
 
 def _hand_on(

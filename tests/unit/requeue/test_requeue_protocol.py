@@ -158,7 +158,7 @@ def test_resume_sets_exact_gpus_clears_begin_time_and_releases(
     assert res.outcome is Outcome.RUNNING and res.placement == place("n2", 0, 2)
     assert ran(res.steps) == [Step.SET_PLACEMENT, Step.CLEAR_BEGIN, Step.RELEASE, Step.WAIT_RUNNING, Step.VERIFY]
     assert [c[2] for c in slurm.called("update")] == [
-        "gres=gpu:g0:1,gpu:g2:1 nodelist=n2 numnodes=1 numtasks=1",
+        "gres=gpu:g0:1,gpu:g2:1 nodelist=n2 numnodes=1-1 numtasks=1",
         "starttime=now",
     ]
     job = slurm.job("7")
@@ -172,7 +172,7 @@ def test_resume_shared_uses_shards(proto: RequeueProtocol, slurm: FakeSlurm) -> 
     slurm.add(FakeJob("7", state="PENDING", hold=HoldKind.ADMIN, reason="JobHeldAdmin", gpus=(), req_gres=""))
     res = proto.resume("7", place("n1", 3, shared=True))
     assert res.outcome is Outcome.RUNNING
-    assert slurm.called("update")[0][2] == "gres=shard:g3:1 nodelist=n1 numnodes=1 numtasks=1"
+    assert slurm.called("update")[0][2] == "gres=shard:g3:1 nodelist=n1 numnodes=1-1 numtasks=1"
     assert dict(slurm.job("7").shards) == {"n1": (3,)}
 
 
@@ -194,7 +194,7 @@ def test_any_gpu_job_gets_exactly_the_gpus_asked_for(proto: RequeueProtocol, slu
     slurm.add(FakeJob("7", node="n1", gpus=(0, 1), req_gres="gpu:2"))
     res = proto.migrate("7", place("n2", 1, 3))
     assert res.placement == place("n2", 1, 3) and dict(slurm.job("7").gpus) == {"n2": (1, 3)}
-    assert slurm.called("update")[0][2] == "gres=gpu:g1:1,gpu:g3:1 nodelist=n2 numnodes=1 numtasks=1"
+    assert slurm.called("update")[0][2] == "gres=gpu:g1:1,gpu:g3:1 nodelist=n2 numnodes=1-1 numtasks=1"
     # Shrink to a GPU it did not have, then grow elsewhere: each time exactly what was asked.
     assert proto.resize("7", place("n2", 0)).placement == place("n2", 0)
     assert dict(slurm.job("7").gpus) == {"n2": (0,)}
@@ -383,7 +383,7 @@ def test_a_placement_across_nodes_takes_the_same_gpus_on_each_node(proto: Requeu
     across = Placement((GpuRef("n1", 2), GpuRef("n1", 3), GpuRef("n2", 2), GpuRef("n2", 3)))
     res = proto.resume("7", across)
     assert res.outcome is Outcome.RUNNING and res.placement == across
-    assert slurm.called("update")[0][2] == "gres=gpu:g2:1,gpu:g3:1 nodelist=n1,n2 numnodes=2 numtasks=2"
+    assert slurm.called("update")[0][2] == "gres=gpu:g2:1,gpu:g3:1 nodelist=n1,n2 numnodes=2-2 numtasks=2"
 
 
 def test_phase_table() -> None:

@@ -83,3 +83,21 @@ def test_every_policy_plans_only_even_spans_when_the_view_says_so() -> None:
                 assert all(isinstance(g, GpuRef) for g in d.placement.gpus)
                 wide += 1
     assert wide  # some policy did place a job across the nodes
+
+
+def test_gandiva_keeps_whole_nodes_for_a_waiting_job_wider_than_a_node() -> None:
+    """Narrow jobs do not starve a job wider than a node: once their slices are old, gandiva stops those
+    on whole nodes and starts the wide job there (3 + 3 of the same GPUs)."""
+    narrow = tuple(
+        job(f"n{i}", 1, float(i)).evolve(
+            state=JobState.RUNNING, placement=gp(f"n{1 + i // 4}", i % 4), slice_start=0.0, first_start=0.0,
+            times_scheduled=1, attained_service=500.0,
+        )
+        for i in range(8)
+    )
+    wide = job("w", 6, 100.0)
+    view = ClusterView(TWO_BY_FOUR, (*narrow, wide), now=600.0, same_gpus_per_node=True)
+    plan = make_policy("gandiva").decide(view, 600.0)
+    placed = {d.job_id: d.placement for d in plan.decisions if d.placement is not None}
+    assert "w" in placed, plan
+    assert is_even(placed["w"]) and placed["w"].count == 6 and len(placed["w"].nodes) == 2
