@@ -11,7 +11,8 @@ snapshot's own work (parsing the listing, building the jobs) is in the round; wh
 cost (their processes, slurmctld) is not.
 
 Prints the median and max of `--rounds` rounds (after one warm-up round that fills the controller's and
-the backend's memories), then, with `--profile N`, cProfile's top N functions by cumulative and by own
+the backend's memories), wall and this process's CPU time (on a loaded machine the CPU time is the
+steadier figure), then, with `--profile N`, cProfile's top N functions by cumulative and by own
 time over the same rounds.
 
 Run: .venv/bin/python benchmarks/bench_round_profile.py [--jobs 10000] [--rounds 10] [--profile 30]
@@ -211,16 +212,17 @@ def main() -> None:
         try:
             first = ctl.tick()
             assert first.error == "" and len(first.view.jobs if first.view else ()) == a.jobs, first.error
-            times = []
+            times, cpu = [], []
             prof = cProfile.Profile() if a.profile else None
             for _ in range(a.rounds):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 if prof is not None:
                     prof.enable()
                 rep = ctl.tick()
                 if prof is not None:
                     prof.disable()
                 times.append(time.perf_counter() - t)
+                cpu.append(time.process_time() - c)
                 getattr(ctl, "collect_garbage", lambda: None)()  # as the tick job does after the round
                 assert not rep.plan and not rep.findings and not rep.error, (rep.plan, rep.findings, rep.error)
         finally:
@@ -228,7 +230,8 @@ def main() -> None:
     view = ctl.last_report.view if ctl.last_report is not None else None
     print(f"{a.jobs} managed jobs ({len(view.running) if view is not None else 0} running), "
           f"{a.rounds} ordinary rounds{' under cProfile' if prof else ''}: "
-          f"median {statistics.median(times):.3f} s, max {max(times):.3f} s")
+          f"median {statistics.median(times):.3f} s, max {max(times):.3f} s; "
+          f"CPU time median {statistics.median(cpu):.3f} s, max {max(cpu):.3f} s (other processes' load aside)")
     if prof is not None:
         stats = pstats.Stats(prof)
         stats.sort_stats("cumulative").print_stats(a.profile)
