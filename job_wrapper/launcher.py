@@ -476,7 +476,9 @@ def _run_across_nodes(
     for sig in _TERMINATING:
         signal.signal(sig, on_terminate)
     try:
-        st.children.append(subprocess.Popen(argv, env=srun_env))
+        # srun must not inherit the blocked signals: 26.05's srun keeps the mask and then forwards nothing.
+        st.children.append(subprocess.Popen(argv, env=srun_env, preexec_fn=lambda: signal.pthread_sigmask(
+            signal.SIG_UNBLOCK, {config.signal, *_TERMINATING})))
     except OSError as exc:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _log(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
