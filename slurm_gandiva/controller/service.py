@@ -5,10 +5,11 @@
     ctl.tick()                                     # one round, e.g. from a test or a demo
     ctl.run_forever()                              # reconcile, then tick / rotate / introspect until stop()
 
-Scheduler jobs (max_instances=1, coalesce): `tick` every `config.tick` s, `rotate` every `config.quantum`
-s (a tick that always runs the policy, so time slices turn over even if a tick was skipped), and
-`introspect` every `config.introspect` s (records measured rates, refreshes metrics). tick and rotate
-share one lock, so one plan is carried out at a time. Any exception in a job is logged and the loop goes on.
+Scheduler jobs (coalesce): `tick` every `config.tick` s, `rotate` every `config.quantum` s (a tick that
+always runs the policy, so time slices turn over even if a tick was skipped), and `introspect` every
+`config.introspect` s (records measured rates, refreshes metrics). tick and rotate share one lock, so one
+plan is carried out at a time; a tick that falls during a longer round waits for it (see `_schedule`).
+Any exception in a job is logged and the loop goes on.
 """
 
 from __future__ import annotations
@@ -191,6 +192,7 @@ class Controller:
         self._trials: dict[str, Trial] = {}
         self._failed_trials: dict[str, frozenset[TrialKind]] = {}
         self._speedups: dict[tuple[str, int], Mapping[int, float] | None] = {}
+        self._collect_s = 0.0  # how long the last collection between rounds took
         self._job_memo: JobMemo = {}  # waiting jobs' policy Jobs, while their inputs stay the same
         self._group_specs: GroupSpecs = {}  # array tasks' specs with their array as group
         # job id -> (its SlurmJob, record, rates, progress, trial, failed trials) and the JobInputs made of
@@ -405,20 +407,30 @@ class Controller:
 
     def collect_garbage(self) -> None:
         """A full cycle collection, between rounds (see `tick`)."""
+        t = time.perf_counter()
         gc.collect()
+        self._collect_s = time.perf_counter() - t
+
+    def _collect_before_next_tick(self) -> None:
+        """`collect_garbage`, when it ends well before the next tick on the grid (twice the last one's
+        time, and a quarter second, left): a round with actions that ended near the next tick is not
+        made late by it (automatic collection, on between rounds, still runs)."""
+        left = self.config.tick - time.time() % self.config.tick
+        if left > 2 * self._collect_s + 0.25:
+            self.collect_garbage()
 
     def _round_job(self) -> None:
         """The scheduler's tick (and rotate) job: one round, then the collection it put off."""
         try:
             self.tick()
         finally:
-            self.collect_garbage()
+            self._collect_before_next_tick()
 
     def _rotate_job(self) -> None:
         try:
             self.rotate()
         finally:
-            self.collect_garbage()
+            self._collect_before_next_tick()
 
     def _tick(self) -> TickReport:
         now = self.clock()
@@ -615,15 +627,23 @@ class Controller:
         """(Re)schedule the jobs. Rounds fall on multiples of the tick in wall time (a fixed grid, as the
         simulator's ticks and Gandiva's rotations on multiples of the quantum): whether a job's end is
         seen at one tick or the next then does not hang on when the service started. A separate
-        rotation job runs only when the ticks do not fall on every multiple of the quantum."""
-        sched.add_job(self._guarded("tick", self._round_job), _grid_trigger(cfg.tick), id="tick", replace_existing=True)
+        rotation job runs only when the ticks do not fall on every multiple of the quantum.
+
+        A tick that falls while the round before still runs (one with actions past the tick) is not
+        dropped: it waits for that round (the controller's lock) and runs as soon as it ends, late
+        (`max_instances=2`: one waits at most; a round longer than two ticks still drops the ticks
+        between). A round that ends before the next multiple of the tick leaves that tick on time."""
+        sched.add_job(
+            self._guarded("tick", self._round_job), _grid_trigger(cfg.tick), id="tick", replace_existing=True,
+            max_instances=2,
+        )
         if _multiple(cfg.quantum, cfg.tick):
             if sched.get_job("rotate") is not None:
                 sched.remove_job("rotate")
         else:
             sched.add_job(
                 self._guarded("rotate", self._rotate_job), _grid_trigger(cfg.quantum), id="rotate",
-                replace_existing=True,
+                replace_existing=True, max_instances=2,
             )
         sched.add_job(
             self._guarded("introspect", self.introspect), "interval", seconds=cfg.introspect, id="introspect",

@@ -311,6 +311,7 @@ def test_no_automatic_cycle_collection_inside_a_round(tmp_path: Path) -> None:
     10,000-job round); it is on again after the round, also after a failing one, and the tick job
     collects between rounds."""
     import gc
+    from dataclasses import replace
 
     policy = Toy()
     ctl, _backend, store = make(tmp_path, [sjob("1")], policy)
@@ -335,11 +336,22 @@ def test_no_automatic_cycle_collection_inside_a_round(tmp_path: Path) -> None:
         gc.enable()
         collected: list[int] = []
         gc.callbacks.append(lambda phase, info: collected.append(info["generation"]) if phase == "stop" else None)
+        calls: list[float] = []
+        real = ctl.collect_garbage
+
+        def counted() -> None:
+            calls.append(time.time())
+            real()
+
+        ctl.collect_garbage = counted  # type: ignore[method-assign]
         try:
+            ctl._round_job()  # tick 0.2 s: the next tick is always too near for a collection
+            assert calls == []
+            ctl.config = replace(ctl.config, tick=3600.0)
             ctl._round_job()
         finally:
             gc.callbacks.pop()
-        assert 2 in collected  # the full collection put off from the round
+        assert len(calls) == 1 and 2 in collected  # the full collection put off from the round
     finally:
         gc.enable()
         store.close()
@@ -381,3 +393,38 @@ def test_a_waiting_jobs_inputs_are_kept_while_they_are_the_same_objects(tmp_path
         assert "2" not in ctl._inputs_memo
     finally:
         store.close()
+
+
+def test_a_tick_that_falls_during_a_long_round_runs_when_it_ends(tmp_path: Path) -> None:
+    """A round past the tick (one with slow actions) makes the next tick late, not dropped: the next
+    round starts as soon as the long one ends, and rounds fall back onto the grid after it."""
+    rounds: list[tuple[float, float]] = []
+
+    class Slow(Toy):
+        def decide(self, view: ClusterView, now: float) -> Plan:
+            start = time.time()
+            if len(rounds) == 1:
+                time.sleep(1.4)  # the second round runs 1.4 ticks
+            rounds.append((start, time.time()))
+            return Plan()
+
+    backend = FakeBackend([old("1")])
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    cfg = parse_config(f"state_dir = {tmp_path}\ntick = 1\nquantum = 2\nintrospect = 60\n")
+    ctl = Controller(cfg, backend, store, policy=Slow(), protocol=FakeProtocol(backend), topology=TOPO,
+                     progress_reader=lambda _p, _u: None)
+    t = threading.Thread(target=lambda: ctl.run_forever(metrics=False))
+    t.start()
+    try:
+        deadline = time.time() + 15
+        while time.time() < deadline and len(rounds) < 4:
+            time.sleep(0.05)
+    finally:
+        ctl.stop()
+        t.join(timeout=10)
+        store.close()
+    assert len(rounds) >= 4, rounds
+    (_s1, _e1), (s2, e2), (s3, _e3), (s4, _e4) = rounds[:4]
+    assert abs(s2 - round(s2)) < 0.3  # on the grid
+    assert s3 - e2 < 0.4  # the tick that fell during round 2 ran when it ended (dropped: 0.6 s later)
+    assert abs(s4 - round(s4)) < 0.3 and s4 > e2  # back on the grid
