@@ -208,12 +208,17 @@ def gres_for(placement: Placement) -> str:
     return gres_string(placement.on_node(placement.nodes[0]), shared=placement.shared)
 
 
-def node_fields(placement: Placement) -> dict[str, str]:
+def node_fields(placement: Placement, job: SlurmJob) -> dict[str, str]:
     """The scontrol update fields that put a held job on the placement's nodes: its node list, and as many
     nodes and tasks (the wrapper starts one launcher per node) as it spans. The node count is given as a
-    range N-N: Slurm 22.05 refuses a bare N for a pending job ("Node count specification invalid")."""
+    range N-N: Slurm 22.05 refuses a bare N for a pending job ("Node count specification invalid"). The
+    job's own MinCPUsNode is stated again: 22.05 keeps the CPU total of a larger node count when the count
+    shrinks (the job then never runs: BadConstraints), and restating it makes Slurm count them anew."""
     count = len(placement.nodes)
-    return {"nodelist": ",".join(placement.nodes), "numnodes": f"{count}-{count}", "numtasks": str(count)}
+    fields = {"nodelist": ",".join(placement.nodes), "numnodes": f"{count}-{count}", "numtasks": str(count)}
+    if job.min_cpus_per_node > 0:
+        fields["mincpusnode"] = str(job.min_cpus_per_node)
+    return fields
 
 
 def placement_of(job: SlurmJob) -> Placement | None:
@@ -577,7 +582,7 @@ class RequeueProtocol:
 
         def set_placement() -> str:
             try:
-                self.backend.update(job_id, **node_fields(placement), gres=gres)
+                self.backend.update(job_id, **node_fields(placement, job), gres=gres)
             except InvalidRequest as exc:
                 if "gres" not in str(exc).lower() and "generic resource" not in str(exc).lower():
                     raise

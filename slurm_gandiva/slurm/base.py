@@ -42,6 +42,7 @@ class SlurmJob:
     std_out: str = ""
     array_id: str = ""  # the job array's id when this is one of its tasks (job_id is then "ARRAY_TASK")
     array_max_tasks: int = 0  # the array's %MAX throttle: at most this many of its tasks run at once; 0: none
+    min_cpus_per_node: int = 0  # CPUs each of its nodes must give it (MinCPUsNode); 0: unknown
 
     @property
     def pending(self) -> bool:

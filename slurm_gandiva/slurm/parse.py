@@ -319,6 +319,7 @@ def parse_job(raw: Mapping[str, Any]) -> SlurmJob:
         tres_per_node=text(raw.get("tres_per_node")),
         work_dir=text(raw.get("current_working_directory")),
         std_out=text(raw.get("standard_output")),
+        min_cpus_per_node=number(raw.get("minimum_cpus_per_node"), 0),
     )
 
 

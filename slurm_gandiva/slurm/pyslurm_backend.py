@@ -435,6 +435,7 @@ class PyslurmBackend:
             tres_per_node=tres_per_node,
             work_dir=_text(raw.working_directory),
             std_out=_text(raw.standard_output),
+            min_cpus_per_node=_num(getattr(raw, "min_cpus_per_node", 0)),
         )
 
     def _nodes(self, raws: Iterable[Any], jobs: tuple[SlurmJob, ...]) -> tuple[SlurmNode, ...]:
