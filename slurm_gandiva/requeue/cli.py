@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ):
         p = sub.add_parser(name, help=helptext)
         _common(p)
-        p.add_argument("--node", required=True, help="node name, e.g. n2")
+        p.add_argument("--node", required=True, help="node name, e.g. n2; n1,n2 for the same GPUs on each")
         p.add_argument("--gpus", required=True, type=_gpu_list, help="GPU indices on the node, e.g. 0,2")
         p.add_argument("--shared", action="store_true", help="take one shard of each GPU (packing)")
         p.add_argument("--timeout", type=float, default=120.0, help="suspend timeout in seconds (default 120)")
@@ -109,9 +109,12 @@ def _protocol(args: argparse.Namespace) -> RequeueProtocol:
 
 
 def _placement(node: str, gpus: tuple[int, ...], shared: bool) -> Placement:
+    """GPUs `gpus` of `node`; of each node for a comma-separated list (a job across nodes has the same GPUs
+    on every node)."""
     from slurm_gandiva.model import GpuRef, Placement
 
-    return Placement(tuple(GpuRef(node, g) for g in gpus), shared=shared)
+    nodes = [n for n in node.split(",") if n]
+    return Placement(tuple(GpuRef(n, g) for n in nodes for g in gpus), shared=shared)
 
 
 def _report(args: argparse.Namespace, result: OpResult) -> int:
