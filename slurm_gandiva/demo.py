@@ -63,7 +63,8 @@ class DemoJob:
         return self.steps * self.batch
 
 
-# 12 jobs asking for 18 GPUs at their minimum on an 8-GPU cluster: about 2x oversubscribed. Each is
+# 12 jobs asking for 20 GPUs at their minimum on an 8-GPU cluster: about 2.5x oversubscribed; c1 is wider
+# than a node (6 GPUs: 3 on each of n1 and n2, the same three). Each is
 # 16-90 s of "GPU time" on its minimum, most longer than a quantum (30 s), so slices really rotate; a
 # slice also pays a torch start-up (5-20 s on 2 busy cores). The lengths were picked, among random
 # draws, as the least sensitive in the simulator to start-up jitter (a job that would end a few seconds
@@ -81,7 +82,7 @@ WORKLOAD: tuple[DemoJob, ...] = (
     DemoJob("b1", 2, 2, 180),
     DemoJob("b3", 2, 2, 350),
     DemoJob("b2", 2, 2, 290),
-    DemoJob("c1", 4, 4, 260),
+    DemoJob("c1", 6, 6, 260),
 )
 
 
@@ -544,6 +545,10 @@ class Demo:
         hashes = {r.job_id: final_hash(cluster.jobs_dir / f"{r.job_id}.out") for r in rows}
         slices = self._slices(cluster, [r.job_id for r in rows])
         bad = failures(rows, hashes)
+        per_node = cluster.gpus_per_node
+        for r in rows:
+            if r.job.min_gpus > per_node and not any(n > per_node for _, _, n, _ in slices.get(r.job_id, ())):
+                bad.append(f"job {r.job_id} ({r.job.name}) is wider than a node but no slice of it spans nodes")
         result = DemoResult(
             tuple(
                 JobResult(

@@ -73,11 +73,13 @@ class Finding:
 
 
 def spec_refusal(min_gpus: int, max_gpus: int, partition: str, nodes: Sequence[SlurmNode]) -> str | None:
-    """Why the cluster can never run a job of `min_gpus`..`max_gpus` GPUs on one node of `partition` (any
-    of a comma-separated list; "" any node), or None when it can. GPUs per node are Slurm's configured ones,
-    whatever the node's state (a node that is down may come back); unknown (no node reports a GPU): None.
-    Shared by registration (the job is not registered) and `gandiva squeue` (the REASON column)."""
+    """Why the cluster can never run a job of `min_gpus`..`max_gpus` GPUs on the nodes of `partition` (any
+    of a comma-separated list; "" any node), or None when it can: on one node, or evenly over several (a job
+    across nodes gets the same GPUs on each). GPUs per node are Slurm's configured ones, whatever the node's
+    state (a node that is down may come back); unknown (no node reports a GPU): None. Shared by registration
+    (the job is not registered) and `gandiva squeue` (the REASON column)."""
     from slurm_gandiva.submit.cli import gres_gpu_count
+    from slurm_gandiva.submit.request import placeable
 
     if min_gpus < 1 or max_gpus < min_gpus:
         return f"refused: the spec asks for {min_gpus}:{max_gpus} GPUs; fix the spec file or cancel the job"
@@ -86,11 +88,11 @@ def spec_refusal(min_gpus: int, max_gpus: int, partition: str, nodes: Sequence[S
         return None
     parts = {p for p in partition.split(",") if p}
     inside = [counts[n.name] for n in nodes if not parts or parts.intersection(n.partitions)]
-    most = max(inside, default=0)
-    if min_gpus > most:
+    if not placeable(min_gpus, inside):
         where = f"partition {partition}" if parts else "the cluster"
-        return (f"refused: asks for {min_gpus} GPUs on one node but {where} has at most {most} per node; "
-                "fix the spec file (it is read again) or cancel the job")
+        sizes = "/".join(str(n) for n in sorted(set(inside))) or "0"
+        return (f"refused: asks for {min_gpus} GPUs, which the nodes of {where} ({sizes} GPUs each) cannot hold "
+                "evenly; fix the spec file (it is read again) or cancel the job")
     return None
 
 

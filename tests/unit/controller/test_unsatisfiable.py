@@ -23,9 +23,10 @@ from slurm_gandiva.submit.spec import SubmitSpec, write_spec
     [
         (1, 4, "gpu", None),
         (4, 4, "", None),
-        (64, 64, "gpu", "at most 4 per node"),
+        (64, 64, "gpu", "(4 GPUs each) cannot hold evenly"),
+        (8, 8, "gpu", None),  # 4 + 4 on two nodes
         (5, 8, "gpu", "asks for 5 GPUs"),
-        (2, 2, "cpu", "partition cpu has at most 0"),
+        (2, 2, "cpu", "partition cpu (0 GPUs each)"),
         (2, 2, "cpu,gpu", None),
     ],
 )
@@ -52,7 +53,7 @@ def test_an_unsatisfiable_spec_is_held_with_a_visible_reason(tmp_path: Path) -> 
     assert store.get_job("9") is None  # not registered: never started, never given GPUs
     assert ("hold", "9") in backend.calls  # held by the admin hold, not left to Slurm
     (refusal,) = [f for f in found if f.kind == "spec-unsatisfiable"]
-    assert "64 GPUs" in refusal.detail and "at most 4 per node" in refusal.detail
+    assert "64 GPUs" in refusal.detail and "4 GPUs each" in refusal.detail
     assert [e.job_id for e in store.events(kinds=["reconcile-spec-unsatisfiable"])] == ["9"]
     assert [f.kind for f in r.settle(backend.snapshot())] == []  # noted once, not every round
 
