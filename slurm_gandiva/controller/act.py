@@ -448,11 +448,11 @@ def _dependencies(
     """
     last = last or {}
     acting = {d.job_id: i for i, d in enumerate(decisions)}
-    old_at: dict[str, tuple[str, frozenset[int]]] = {}  # job -> (target node, old GPU indices)
+    old_at: dict[str, tuple[frozenset[str], frozenset[int]]] = {}  # job -> (target nodes, old GPU indices)
     for d in decisions:
         before = held.get(d.job_id) or last.get(d.job_id)
         if ties and before is not None and d.placement is not None and d.action is not Action.START:
-            old_at[d.job_id] = (d.placement.nodes[0], frozenset(g.index for g in before.gpus))
+            old_at[d.job_id] = (frozenset(d.placement.nodes), frozenset(g.index for g in before.gpus))
     deps: list[set[int]] = []
     for d in decisions:
         want = set(d.placement.gpus) if d.placement is not None else set()
@@ -461,8 +461,8 @@ def _dependencies(
         }
         mine |= {
             acting[jid]
-            for jid, (node, old) in old_at.items()
-            if jid != d.job_id and any(g.node == node and g.index in old for g in want)
+            for jid, (nodes, old) in old_at.items()
+            if jid != d.job_id and any(g.node in nodes and g.index in old for g in want)
         }
         deps.append(mine)
     places: dict[int, tuple[int, ...]] = {}
