@@ -12,8 +12,9 @@ the same 2 cores (a real cluster runs the jobs on other machines; bench_requeue.
 of a switch).
 
 For each size, once every job is registered, it runs `--rounds` rounds and prints, per round kind
-(ordinary: no action; with actions), the round time split into Slurm queries (every backend call outside
-the actions), the store (every database call outside the actions), the policy's decide, the actions (the
+(ordinary: no action; with actions), the round time (and the controller process's own CPU time in it,
+its Slurm commands aside: on a shared machine the steadier figure) split into Slurm queries (every
+backend call outside the actions), the store (every database call outside the actions), the policy's decide, the actions (the
 actor's execute: protocol steps, their Slurm calls and store writes) and the rest (the controller's own
 work: settle, observe, plans); rounds over the tick, the ticks that then ran late (a tick that falls
 during a round waits for it) and those dropped (a second one falling during the same round); the
@@ -110,6 +111,7 @@ class Round:
     failed: int
     rss_mb: float
     error: str = ""
+    cpu: float = 0.0  # the controller process's CPU time in the round (the devcluster's processes aside)
 
 
 @dataclass
@@ -190,9 +192,10 @@ class Bench:
             time.sleep(max(0.0, self.next_at - now))
         started = time.time()
         self.clock.spent = {}
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         rep = self.ctl.tick()
         total = time.perf_counter() - t
+        cpu = time.process_time() - c
         parts = dict(self.clock.spent)
         parts["rest"] = max(0.0, total - sum(parts.get(p, 0.0) for p in PARTS if p != "rest"))
         ended = time.time()
@@ -206,7 +209,7 @@ class Bench:
             self.ctl.introspect()  # the controller's separate introspection job: not part of the round
             self.last_introspect = time.time()
         failed = sum(1 for r in rep.results if not r.ok)
-        return Round(jobs, total, parts, len(rep.results), failed, rss_mb(), rep.error), skipped
+        return Round(jobs, total, parts, len(rep.results), failed, rss_mb(), rep.error, cpu), skipped
 
     def lost(self, submitted: int) -> int:
         """Submitted tasks that are neither waiting, running nor registered (or that failed)."""
@@ -233,7 +236,7 @@ def measure(bench: Bench, size: int, have: int, rounds: int) -> SizeResult:
         r, skipped = bench.round(size)
         res.rounds.append(r)
         res.skipped_ticks += skipped
-        print(f"  {size:>6} jobs: round {r.total:6.3f} s, {r.actions:2d} actions"
+        print(f"  {size:>6} jobs: round {r.total:6.3f} s (CPU {r.cpu:.3f} s), {r.actions:2d} actions"
               + "".join(f", {p} {r.parts.get(p, 0.0):.3f}" for p in PARTS) + f", rss {r.rss_mb:.0f} MB",
               flush=True)
     res.late_s = bench.late_s[late_before:]
@@ -246,7 +249,7 @@ def _med(xs: list[float]) -> float:
 
 
 def table(results: list[SizeResult], tick: float) -> str:
-    head = (f"{'jobs':>6} {'kind':<9} {'rounds':>6} {'median s':>9} {'max s':>7} "
+    head = (f"{'jobs':>6} {'kind':<9} {'rounds':>6} {'median s':>9} {'max s':>7} {'CPU med':>8} {'CPU max':>8} "
             + " ".join(f"{p:>8}" for p in PARTS) + f" {'actions':>8} {'baseline':>9} {'target':>7}")
     lines = [head, "-" * len(head)]
     for res in results:
@@ -260,7 +263,8 @@ def table(results: list[SizeResult], tick: float) -> str:
             acts = f"{_med([float(r.actions) for r in rs]):.0f}" if kind == "actions" else "0"
             lines.append(
                 f"{res.jobs:>6} {kind:<9} {len(rs):>6} {_med([r.total for r in rs]):9.3f} "
-                f"{max(r.total for r in rs):7.3f} {parts} {acts:>8} "
+                f"{max(r.total for r in rs):7.3f} {_med([r.cpu for r in rs]):8.3f} {max(r.cpu for r in rs):8.3f} "
+                f"{parts} {acts:>8} "
                 f"{(f'{base:.2f}' if base is not None else '-'):>9} {target:7.1f}"
             )
     lines.append("")
