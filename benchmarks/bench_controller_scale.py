@@ -14,9 +14,9 @@ of a switch).
 For each size, once every job is registered, it runs `--rounds` rounds and prints, per round kind
 (ordinary: no action; with actions), the round time (and the controller process's own CPU time in it,
 its Slurm commands aside: on a shared machine the steadier figure) split into Slurm queries (every
-backend call outside the actions), the store (every database call outside the actions), the policy's decide, the actions (the
-actor's execute: protocol steps, their Slurm calls and store writes) and the rest (the controller's own
-work: settle, observe, plans); rounds over the tick, the ticks that then ran late (a tick that falls
+backend call outside the actions), the store (every database call outside the actions), the policy's
+decide, the actions (the actor's execute: protocol steps, their Slurm calls and store writes) and the rest
+(the controller's own work: settle, observe, plans); rounds over the tick, the ticks that then ran late (a tick that falls
 during a round waits for it) and those dropped (a second one falling during the same round); the
 controller process's resident memory; and that nothing was lost (every submitted task is in Slurm and
 registered, none failed).
