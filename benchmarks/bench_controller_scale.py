@@ -171,7 +171,7 @@ class Bench:
         self.ctl.actor.execute = act  # type: ignore[method-assign]
         self.next_at = 0.0
         self.late_from: float | None = None  # the tick that fell during the last round (it runs next, late)
-        self.late_s: list[float] = []  # how late each such tick ran
+        self.late_s: list[float] = []  # how late each such tick ran: when the round it fell in ended, after it
         self.last_introspect = time.time()
 
     def registered(self) -> int:
@@ -183,8 +183,7 @@ class Bench:
         tick that fell during it was dropped). Returns the round and the ticks it dropped."""
         tick = self.cfg.tick
         now = time.time()
-        if self.late_from is not None:
-            self.late_s.append(now - self.late_from)
+        if self.late_from is not None:  # counted in `late_s` when the round before ended
             self.late_from = None
         else:
             self.next_at = max(self.next_at, (now // tick + 1) * tick)
@@ -203,6 +202,7 @@ class Bench:
         skipped = max(0, fell - 1)
         if fell:
             self.late_from = (started // tick + 1) * tick
+            self.late_s.append(ended - self.late_from)
         self.next_at = (ended // tick + 1) * tick
         if ended - self.last_introspect >= self.cfg.introspect:
             self.ctl.introspect()  # the controller's separate introspection job: not part of the round
