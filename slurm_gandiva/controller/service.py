@@ -413,10 +413,11 @@ class Controller:
 
     def _collect_before_next_tick(self) -> None:
         """`collect_garbage`, when it ends well before the next tick on the grid (twice the last one's
-        time, and a quarter second, left): a round with actions that ended near the next tick is not
-        made late by it (automatic collection, on between rounds, still runs)."""
+        time, and a quarter second, left) and no round runs yet (a tick that waited for the round before
+        has the lock): a round is not made late by it (automatic collection, on between rounds, still
+        runs)."""
         left = self.config.tick - time.time() % self.config.tick
-        if left > 2 * self._collect_s + 0.25:
+        if left > 2 * self._collect_s + 0.25 and not self._lock.locked():
             self.collect_garbage()
 
     def _round_job(self) -> None:

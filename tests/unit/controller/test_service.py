@@ -348,6 +348,9 @@ def test_no_automatic_cycle_collection_inside_a_round(tmp_path: Path) -> None:
             ctl._round_job()  # tick 0.2 s: the next tick is always too near for a collection
             assert calls == []
             ctl.config = replace(ctl.config, tick=3600.0)
+            with ctl._lock:  # a round already runs (a late tick): no collection beside it
+                ctl._collect_before_next_tick()
+            assert calls == []
             ctl._round_job()
         finally:
             gc.callbacks.pop()
