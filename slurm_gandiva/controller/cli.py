@@ -7,6 +7,8 @@ import json
 import os
 import pwd
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -279,5 +281,44 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                 rc = 1  # it ended in failure: say so in the exit status too
             continue
         backend.cancel(jid)
+        left = confirm_cancel(backend, jid)
+        if left is not None:
+            print(f"gandiva: job {jid} is still {left} {CANCEL_CONFIRM_S:.0f} s after scancel: Slurm has not "
+                  "cancelled it; run `gandiva cancel` again or ask your admin", file=sys.stderr)
+            rc = 1
+            continue
         print(f"cancelled job {jid}")
     return rc
+
+
+CANCEL_CONFIRM_S = 30.0
+
+
+def confirm_cancel(
+    backend: SlurmBackend,
+    job_id: str,
+    *,
+    timeout: float = CANCEL_CONFIRM_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """Wait until Slurm shows `job_id` ended after a scancel, sending scancel again every 2 s while it still
+    runs or waits: a cancel can be lost (one task of a job array, cancelled while the controller stops
+    it, came back and was resumed to the end: seen on 22.05 and 25.11). None when it ended, else the
+    state it is still in after `timeout`."""
+    deadline = clock() + timeout
+    sent = clock()
+    while True:
+        try:
+            job = backend.job(job_id)
+        except UnknownJob:
+            return None
+        if job.finished:
+            return None
+        now = clock()
+        if now >= deadline:
+            return job.state
+        if job.state != "COMPLETING" and now - sent >= 2.0:
+            backend.cancel(job_id)
+            sent = now
+        sleep(0.2)

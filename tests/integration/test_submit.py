@@ -79,7 +79,7 @@ def test_sbatch_as_user_creates_a_held_marked_job(
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--gpus", "5", "--", "/bin/true"], "largest node has 4"),
+        (["--gpus", "5", "--", "/bin/true"], "nodes have 4 GPUs"),
         (["--gpus", "9", "--", "/bin/true"], "cluster has 8"),
         (["--gpus", "3:1", "--", "/bin/true"], "MIN is larger than MAX"),
         (["-p", "no-such-partition", "--", "/bin/true"], "unknown partition"),

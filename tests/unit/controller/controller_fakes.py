@@ -62,6 +62,7 @@ class FakeBackend:
         self.clock = clock
         self.lock = threading.Lock()
         self.caps = SlurmCapabilities.for_release((22, 5, 8))
+        self.lose_cancels = 0  # how many of the next cancels Slurm loses
 
     def set(self, job: SlurmJob) -> None:
         with self.lock:
@@ -106,7 +107,16 @@ class FakeBackend:
         self.calls.append(("requeuehold", job_id))
 
     def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
+        """As Slurm: the job (an array's id: each unfinished task) is CANCELLED, except the first
+        `lose_cancels` ones, which are lost (a cancel Slurm did not carry out)."""
         self.calls.append(("cancel", job_id))
+        with self.lock:
+            if self.lose_cancels > 0:
+                self.lose_cancels -= 1
+                return
+            for jid, j in list(self.jobs_by_id.items()):
+                if (jid == job_id or j.array_id == job_id) and not j.finished:
+                    self.jobs_by_id[jid] = replace(j, state="CANCELLED")
 
 
 class FakeProtocol:

@@ -44,7 +44,7 @@ def test_one_task_or_the_whole_array_in_one_scancel(backend: FakeBackend, capsys
     assert backend.calls == [("cancel", "7_1")]
     assert cancel("7") == 0
     assert backend.calls[-1] == ("cancel", "7") and len(backend.calls) == 2
-    assert "cancelled job array 7 (2 of its 3 tasks" in capsys.readouterr().out
+    assert "cancelled job array 7 (1 of its 3 tasks" in capsys.readouterr().out  # 7_1 is cancelled already
 
 
 def test_only_the_owner_cancels_and_unknown_or_ended_ones_say_so(backend: FakeBackend,
@@ -80,3 +80,20 @@ def test_sacct_of_an_array_lists_its_tasks(tmp_path: Path, capsys: pytest.Captur
     assert capsys.readouterr().out.split() == ["7_0", "7_1"]
     assert main(["sacct", "--db", str(db), "-j", "7_1,70", "-P", "-n", "-o", "JobID"]) == 0
     assert capsys.readouterr().out.split() == ["7_1", "70"]
+
+
+def test_a_lost_cancel_is_sent_again_and_one_that_never_takes_is_an_error(
+    backend: FakeBackend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = [0.0]
+
+    def sleep(s: float) -> None:
+        t[0] += s
+
+    backend.lose_cancels = 1  # the first scancel is lost: sent again 2 s on, and the task ends
+    backend.cancel("7_0")
+    assert cli.confirm_cancel(backend, "7_0", clock=lambda: t[0], sleep=sleep) is None
+    assert backend.calls == [("cancel", "7_0"), ("cancel", "7_0")] and backend.job("7_0").state == "CANCELLED"
+    backend.lose_cancels = 1000  # Slurm never cancels it: after the bound, its state, and a non-zero exit
+    assert cli.confirm_cancel(backend, "7_1", timeout=10.0, clock=lambda: t[0], sleep=sleep) == "PENDING"
+    assert backend.calls.count(("cancel", "7_1")) >= 4 and t[0] >= 10.0  # sent again every 2 s until the bound
