@@ -18,11 +18,13 @@ before its outcome is recorded).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,9 +71,13 @@ class ProtocolLike(Protocol):
 
     def resume(self, job_id: str, placement: Placement) -> OpResult: ...
 
-    def migrate(self, job_id: str, placement: Placement) -> OpResult: ...
+    def migrate(
+        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+    ) -> OpResult: ...
 
-    def resize(self, job_id: str, placement: Placement) -> OpResult: ...
+    def resize(
+        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+    ) -> OpResult: ...
 
 
 class JobSignals:
@@ -120,11 +126,15 @@ class JobSignals:
     def resume(self, job_id: str, placement: Placement) -> OpResult:
         return self.protocol_for(job_id).resume(job_id, placement)
 
-    def migrate(self, job_id: str, placement: Placement) -> OpResult:
-        return self.protocol_for(job_id).migrate(job_id, placement)
+    def migrate(
+        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+    ) -> OpResult:
+        return self.protocol_for(job_id).migrate(job_id, placement, on_stopped=on_stopped)
 
-    def resize(self, job_id: str, placement: Placement) -> OpResult:
-        return self.protocol_for(job_id).resize(job_id, placement)
+    def resize(
+        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+    ) -> OpResult:
+        return self.protocol_for(job_id).resize(job_id, placement, on_stopped=on_stopped)
 
 
 @dataclass(frozen=True)
@@ -245,15 +255,24 @@ class Actor:
         held = held or {}
         ds = list(plan.decisions)
         deps, places = _dependencies(ds, held, last or {}, ties=ties, groups=groups, room=room)
+        # A dependency on a move (migrate, resize, pack) is met once that job has stopped and freed its GPUs,
+        # before it starts again elsewhere; one on a tie (22.05: that job must run again) only once it runs.
+        hard = _tie_dependencies(ds, held, last or {}) if ties else [set() for _ in ds]
         results: dict[int, ActResult] = {}
+        stopped: set[int] = set()  # moves whose job has stopped (their resume half runs)
+        events: queue.SimpleQueue[tuple[bool, int]] = queue.SimpleQueue()  # (done, decision): stopped or done
         blocked: set[GpuRef] = set()  # GPUs of jobs that failed to stop
         unstopped: set[int] = set()  # decisions of jobs that failed to stop
         left = set(range(len(ds)))
         stopping = False
+
+        def met(i: int) -> bool:
+            return all(j in results or (j in stopped and j not in hard[i]) for j in deps[i])
+
         with ThreadPoolExecutor(max_workers=min(32, max(1, len(ds))), thread_name_prefix="act") as pool:
-            running: dict[Future[ActResult], int] = {}
+            running: dict[int, Future[ActResult]] = {}
             while left or running:
-                ready = sorted(i for i in left if deps[i] <= results.keys())
+                ready = sorted(i for i in left if met(i))
                 if not ready and not running and left:
                     ready = [min(left)]  # a cycle cannot be ordered: what is left runs one at a time
                 for i in ready:
@@ -270,28 +289,32 @@ class Actor:
                         self.store.record_event("skipped", d.job_id, f"{d.action.value}: {why}", self.clock())
                         results[i] = ActResult(d, StoreOutcome.FAILED, why)
                         continue
-                    running[pool.submit(self._attempt, d)] = i
+                    fut = pool.submit(self._attempt, d, functools.partial(events.put, (False, i)))
+                    fut.add_done_callback(functools.partial(_put_done, events, i))
+                    running[i] = fut
                 if stopping and not running:
                     break
                 if not running:
                     continue
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    i = running.pop(f)
-                    r = results[i] = f.result()
-                    if not r.ok and r.decision.job_id in held:
-                        blocked.update(held[r.decision.job_id].gpus)
-                        unstopped.add(i)
+                done, i = events.get()
+                if not done:
+                    stopped.add(i)
+                    continue
+                r = results[i] = running.pop(i).result()
+                if not r.ok and r.decision.job_id in held and i not in stopped:
+                    blocked.update(held[r.decision.job_id].gpus)
+                    unstopped.add(i)
         return tuple(results[i] for i in sorted(results))
 
-    def _attempt(self, d: Decision) -> ActResult:
-        """Record the intent, then carry the decision out (on a worker thread); never raises."""
+    def _attempt(self, d: Decision, on_stopped: Callable[[], None] | None = None) -> ActResult:
+        """Record the intent, then carry the decision out (on a worker thread); never raises. `on_stopped`:
+        a move's job has stopped and holds no GPU (its resume half follows)."""
         try:
             did = self._intent(d)
         except Exception as exc:
             log.exception("job %s: could not record the intent; not acting", d.job_id)
             return ActResult(d, StoreOutcome.FAILED, f"intent not recorded: {exc}")
-        return self._run(d, did)
+        return self._run(d, did, on_stopped)
 
     def _intent(self, d: Decision) -> int:
         did = self.store.record_intent(d.job_id, d.action, d.placement, d.reason, self.clock())
@@ -306,12 +329,12 @@ class Actor:
             for key in [k for k in self._open_steps if k[0] == d.job_id]:
                 del self._open_steps[key]
 
-    def _run(self, d: Decision, did: int) -> ActResult:
+    def _run(self, d: Decision, did: int, on_stopped: Callable[[], None] | None = None) -> ActResult:
         """Carry out one decision whose intent is recorded; never raises."""
         assert self.protocol is not None
         t0 = self.clock()
         try:
-            res = self._call(d)
+            res = self._call(d, on_stopped)
         except Exception as exc:
             return self._failed(d, did, exc)
         finally:
@@ -323,7 +346,7 @@ class Actor:
             log.exception("job %s: %s done but not recorded", d.job_id, d.action.value)
             return ActResult(d, StoreOutcome.FAILED, f"not recorded: {exc}", res, did)
 
-    def _call(self, d: Decision) -> OpResult:
+    def _call(self, d: Decision, on_stopped: Callable[[], None] | None = None) -> OpResult:
         assert self.protocol is not None
         if d.action is Action.SUSPEND:
             return self.protocol.suspend(d.job_id)
@@ -331,8 +354,8 @@ class Actor:
         if d.action in (Action.START, Action.RESUME):
             return self.protocol.resume(d.job_id, d.placement)
         if d.action is Action.RESIZE:
-            return self.protocol.resize(d.job_id, d.placement)
-        return self.protocol.migrate(d.job_id, d.placement)
+            return self.protocol.resize(d.job_id, d.placement, on_stopped=on_stopped)
+        return self.protocol.migrate(d.job_id, d.placement, on_stopped=on_stopped)
 
     def _close(self, job_id: str, end: float, reason: SliceEnd) -> None:
         if self.store.close_slice(job_id, end, reason) is not None and self.metrics is not None:
@@ -411,6 +434,10 @@ class Actor:
             return ""
 
 
+def _put_done(events: queue.SimpleQueue[tuple[bool, int]], i: int, _fut: Future[ActResult]) -> None:
+    events.put((True, i))
+
+
 def _blocked(d: Decision, blocked: set[GpuRef], places: tuple[int, ...], unstopped: set[int]) -> str:
     """Why `d` must not run (empty: it may): its GPUs, or its array's place, are still held by a job that
     failed to stop."""
@@ -419,6 +446,28 @@ def _blocked(d: Decision, blocked: set[GpuRef], places: tuple[int, ...], unstopp
     if any(i in unstopped for i in places):
         return "skipped: its job array's place is still held by a task that failed to stop"
     return ""
+
+
+def _tie_dependencies(
+    decisions: list[Decision], held: Mapping[str, Placement], last: Mapping[str, Placement]
+) -> list[set[int]]:
+    """For each decision, the decisions of requeued jobs going to its node that had one of its GPUs'
+    indices before (`_dependencies`, `ties`): those must be running again before it starts."""
+    acting = {d.job_id: i for i, d in enumerate(decisions)}
+    old_at: dict[str, tuple[frozenset[str], frozenset[int]]] = {}  # job -> (target nodes, old GPU indices)
+    for d in decisions:
+        before = held.get(d.job_id) or last.get(d.job_id)
+        if before is not None and d.placement is not None and d.action is not Action.START:
+            old_at[d.job_id] = (frozenset(d.placement.nodes), frozenset(g.index for g in before.gpus))
+    out: list[set[int]] = []
+    for d in decisions:
+        want = set(d.placement.gpus) if d.placement is not None else set()
+        out.append({
+            acting[jid]
+            for jid, (nodes, old) in old_at.items()
+            if jid != d.job_id and any(g.node in nodes and g.index in old for g in want)
+        })
+    return out
 
 
 def _dependencies(
@@ -446,25 +495,15 @@ def _dependencies(
     Suspends depend on nothing. A cycle cannot be ordered (`Actor.execute` then runs what is left one at
     a time, in plan order).
     """
-    last = last or {}
     acting = {d.job_id: i for i, d in enumerate(decisions)}
-    old_at: dict[str, tuple[frozenset[str], frozenset[int]]] = {}  # job -> (target nodes, old GPU indices)
-    for d in decisions:
-        before = held.get(d.job_id) or last.get(d.job_id)
-        if ties and before is not None and d.placement is not None and d.action is not Action.START:
-            old_at[d.job_id] = (frozenset(d.placement.nodes), frozenset(g.index for g in before.gpus))
+    tied = _tie_dependencies(decisions, held, last or {}) if ties else [set() for _ in decisions]
     deps: list[set[int]] = []
-    for d in decisions:
+    for d, tie in zip(decisions, tied, strict=True):
         want = set(d.placement.gpus) if d.placement is not None else set()
         mine = {
             acting[jid] for jid, p in held.items() if jid != d.job_id and jid in acting and want.intersection(p.gpus)
         }
-        mine |= {
-            acting[jid]
-            for jid, (nodes, old) in old_at.items()
-            if jid != d.job_id and any(g.node in nodes and g.index in old for g in want)
-        }
-        deps.append(mine)
+        deps.append(mine | tie)
     places: dict[int, tuple[int, ...]] = {}
     if groups:
         stops: dict[str, list[int]] = {}

@@ -221,6 +221,9 @@ class Controller:
     def _make_protocol(self) -> ProtocolLike:
         """The requeue protocol, stopping each job with its own signal (see JobSignals)."""
         from slurm_gandiva.requeue.protocol import RequeueProtocol
+        from slurm_gandiva.slurm.coalesce import CoalescedReads
+
+        reads = CoalescedReads(self.backend)  # one for all signals' protocols: their polls share queries
 
         def make(sig: str) -> ProtocolLike:
             return RequeueProtocol(
@@ -229,6 +232,7 @@ class Controller:
                 suspend_timeout=self.config.suspend_timeout,
                 journal=self.actor.journal,
                 jobs_root=self.config.job_root,
+                reads=reads,
             )
 
         return JobSignals(make, self._job_signal, self.config.signal)

@@ -39,6 +39,7 @@ from slurm_gandiva.requeue.safe_read import read_job_outcome
 from slurm_gandiva.slurm import gres_string
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
+from slurm_gandiva.slurm.coalesce import CoalescedReads
 
 REQUEUE_HELD_REASON = "job_requeued_in_held_state"
 
@@ -325,8 +326,11 @@ class RequeueProtocol:
         jobs_root: str | os.PathLike[str] | None = None,
         wall: Callable[[], float] = time.time,
         credential_margin: float = CREDENTIAL_MARGIN_S,
+        reads: CoalescedReads | None = None,
     ) -> None:
         self.backend = backend
+        # Several operations at once (the actor's threads) share one query per poll instead of one each.
+        self.read_job: Callable[[str], SlurmJob] = reads.job if reads is not None else backend.job
         self.wall = wall
         self.credential_margin = credential_margin
         # job id -> (wall time its last incarnation was seen stopped, the nodes it ran on; empty: unknown)
@@ -355,7 +359,7 @@ class RequeueProtocol:
         """Poll the job until `done` or a finished state; returns the last view and whether it got there."""
         deadline = self.clock() + timeout
         while True:
-            job = self.backend.job(job_id)
+            job = self.read_job(job_id)
             if done(job) or job.finished:
                 return job, done(job)
             if self.clock() >= deadline:
@@ -376,7 +380,7 @@ class RequeueProtocol:
 
     def _suspend(self, run: _Run) -> OpResult:
         job_id = run.job_id
-        job = self.backend.job(job_id)
+        job = self.read_job(job_id)
         ph = phase(job)
         if ph is Phase.FINISHED:
             return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
@@ -415,7 +419,7 @@ class RequeueProtocol:
             status = self._wait_checkpoint(run, files, before, job.user)
             if status in ("done", "failed"):
                 # Finished as the signal came; Slurm still shows it held only if the wrapper requeued it.
-                job = self.backend.job(job_id)
+                job = self.read_job(job_id)
                 if job.finished:
                     return run.result(Outcome.FINISHED, detail=f"wrapper reported {status}")
         elif files is None:
@@ -450,7 +454,7 @@ class RequeueProtocol:
                 except (PermissionDenied, UnknownJob):
                     raise
                 except SlurmError as exc:
-                    job = self.backend.job(run.job_id)
+                    job = self.read_job(run.job_id)
                     if job.finished or phase(job) is not Phase.RUNNING:
                         return f"not sent: job is {job.state}"
                     if self.clock() >= deadline:
@@ -458,7 +462,7 @@ class RequeueProtocol:
                     self.sleep(self.poll_interval)
 
         run.do(Step.SIGNAL, act)
-        return self.backend.job(run.job_id)
+        return self.read_job(run.job_id)
 
     def _wait_requeue(self, run: _Run, timeout: float) -> tuple[SlurmJob, bool]:
         box: list[tuple[SlurmJob, bool]] = []
@@ -482,12 +486,12 @@ class RequeueProtocol:
         box: list[SlurmJob] = []
 
         def act() -> str:
-            job = self.backend.job(run.job_id)
+            job = self.read_job(run.job_id)
             if phase(job) is Phase.RUNNING:
                 try:
                     self.backend.requeue_hold(run.job_id)
                 except SlurmError:
-                    job = self.backend.job(run.job_id)
+                    job = self.read_job(run.job_id)
                     if not (job.finished or (job.pending and is_held(job))):
                         raise
             job, ok = self._wait(run.job_id, lambda j: j.pending and is_held(j), self.requeue_timeout)
@@ -541,7 +545,7 @@ class RequeueProtocol:
 
         def act() -> str:
             self.backend.hold(run.job_id)
-            j = self.backend.job(run.job_id)
+            j = self.read_job(run.job_id)
             if j.hold is not HoldKind.ADMIN and not j.finished:
                 raise ProtocolError(
                     f"job {run.job_id} is not admin-held after scontrol hold ({j.reason}); "
@@ -560,7 +564,7 @@ class RequeueProtocol:
     def _resume(self, run: _Run, placement: Placement) -> OpResult:
         _check_placement(placement)
         job_id = run.job_id
-        job = self.backend.job(job_id)
+        job = self.read_job(job_id)
         ph = phase(job)
         if ph is Phase.FINISHED:
             return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
@@ -635,7 +639,7 @@ class RequeueProtocol:
 
         def verify() -> str:
             # The read that saw it running names its GPUs already (Slurm allocates them at the start).
-            got = placement_of(job) if (job.gpus or job.shards) else placement_of(self.backend.job(job_id))
+            got = placement_of(job) if (job.gpus or job.shards) else placement_of(self.read_job(job_id))
             if got != placement:
                 raise ProtocolError(
                     f"job {job_id} runs on {got}, not on {placement} as asked; check gres.conf for the node"
@@ -674,18 +678,22 @@ class RequeueProtocol:
 
     # -- migrate / resize --------------------------------------------------------------------------
 
-    def migrate(self, job_id: str, placement: Placement) -> OpResult:
-        """Move a job to `placement` (same GPU count): suspend, then resume there."""
-        return self._move(Op.MIGRATE, job_id, placement)
+    def migrate(self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None) -> OpResult:
+        """Move a job to `placement` (same GPU count): suspend, then resume there. `on_stopped` is called once
+        the job holds no GPU any more (after the suspend half, or at once if it was not running)."""
+        return self._move(Op.MIGRATE, job_id, placement, on_stopped)
 
-    def resize(self, job_id: str, placement: Placement) -> OpResult:
-        """Give a job another GPU count: suspend, then resume on `placement` (world-size independent ckpt)."""
-        return self._move(Op.RESIZE, job_id, placement)
+    def resize(self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None) -> OpResult:
+        """Give a job another GPU count: suspend, then resume on `placement` (world-size independent ckpt);
+        `on_stopped` as for `migrate`."""
+        return self._move(Op.RESIZE, job_id, placement, on_stopped)
 
-    def _move(self, op: Op, job_id: str, placement: Placement) -> OpResult:
+    def _move(
+        self, op: Op, job_id: str, placement: Placement, on_stopped: Callable[[], None] | None = None
+    ) -> OpResult:
         _check_placement(placement)
         run = _Run(self, job_id, op)
-        job = self.backend.job(job_id)
+        job = self.read_job(job_id)
         ph = phase(job)
         if ph is Phase.RUNNING and placement_of(job) == placement:
             run.skip(Step.SIGNAL, "already running there")
@@ -699,6 +707,8 @@ class RequeueProtocol:
             escalated = first.outcome is Outcome.ESCALATED
         else:
             escalated = False
+        if on_stopped is not None:
+            on_stopped()
         res = self._resume(run, placement)
         if escalated and res.outcome is Outcome.RUNNING:
             return OpResult(

@@ -125,6 +125,7 @@ class FakeProtocol:
     def __init__(self, backend: FakeBackend, delay: float = 0.0, fail: frozenset[str] = frozenset()) -> None:
         self.backend = backend
         self.delay = delay
+        self.resume_delay = 0.0  # a move: seconds between the job's stop (on_stopped) and its new start
         self.fail = set(fail)
         self.calls: list[tuple[str, str, Placement | None]] = []
         self.on_call: Callable[[str, str], None] | None = None
@@ -155,8 +156,9 @@ class FakeProtocol:
         )
         return OpResult(job_id, Op.SUSPEND, Outcome.SUSPENDED, (StepRecord(Step.SIGNAL, self.delay),))
 
-    def _run(self, op: Op, job_id: str, placement: Placement) -> OpResult:
-        self._enter(op.value, job_id, placement)
+    def _run(self, op: Op, job_id: str, placement: Placement, *, enter: bool = True) -> OpResult:
+        if enter:
+            self._enter(op.value, job_id, placement)
         j = self.backend.job(job_id)
         gpus: dict[str, tuple[int, ...]] = {}
         for g in placement.gpus:
@@ -177,11 +179,25 @@ class FakeProtocol:
     def resume(self, job_id: str, placement: Placement) -> OpResult:
         return self._run(Op.RESUME, job_id, placement)
 
-    def migrate(self, job_id: str, placement: Placement) -> OpResult:
-        return self._run(Op.MIGRATE, job_id, placement)
+    def _move(self, op: Op, job_id: str, placement: Placement, on_stopped: Callable[[], None] | None) -> OpResult:
+        if on_stopped is None or not self.resume_delay:
+            return self._run(op, job_id, placement)
+        self._enter(op.value, job_id, placement)
+        j = self.backend.job(job_id)
+        self.backend.set(replace(j, state="PENDING", gpus={}, hold=HoldKind.ADMIN, reason="JobHeldAdmin"))
+        on_stopped()
+        time.sleep(self.resume_delay)
+        return self._run(op, job_id, placement, enter=False)
 
-    def resize(self, job_id: str, placement: Placement) -> OpResult:
-        return self._run(Op.RESIZE, job_id, placement)
+    def migrate(
+        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+    ) -> OpResult:
+        return self._move(Op.MIGRATE, job_id, placement, on_stopped)
+
+    def resize(
+        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+    ) -> OpResult:
+        return self._move(Op.RESIZE, job_id, placement, on_stopped)
 
 
 def pl(node: str, *idx: int) -> Placement:

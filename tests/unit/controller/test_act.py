@@ -11,6 +11,7 @@ import pytest
 from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 from slurm_gandiva.controller.act import Actor
+from slurm_gandiva.errors import ProtocolError
 from slurm_gandiva.model import JobSpec, JobState
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.requeue.protocol import Op, Step, StepEvent, StepEventKind
@@ -100,6 +101,53 @@ def test_a_start_on_gpus_a_migrating_job_holds_waits_for_the_migration(store: St
     assert all(r.ok for r in res)
     assert [(op, jid) for op, jid, _ in order] == [("migrate", "1"), ("resume", "2")]
     assert order[1][2] - order[0][2] >= 0.3, "the start did not wait for the migration to finish"
+
+
+def test_a_start_on_a_moving_jobs_gpus_begins_when_that_job_has_stopped(store: Store) -> None:
+    """A pack or migrate frees its GPUs half-way (suspended, before it starts again elsewhere): a start on
+    them begins then, not after the move's slower second half; the round takes the move's time, not both."""
+    backend = setup(store, {"1": ("n1", (0,))}, ["2"])
+    proto = FakeProtocol(backend, delay=0.1)
+    proto.resume_delay = 0.6
+    at: dict[tuple[str, str], float] = {}
+    proto.on_call = lambda op, jid: at.setdefault((op, jid), time.monotonic())
+    plan = Plan((Decision(Action.MIGRATE, "1", pl("n1", 1)), Decision(Action.START, "2", pl("n1", 0))))
+    t0 = time.monotonic()
+    res = actor(backend, store, proto).execute(plan, {"1": pl("n1", 0)}, ties=False)  # ties: the test below
+    took = time.monotonic() - t0
+    assert all(r.ok for r in res)
+    began = at[("resume", "2")] - at[("migrate", "1")]
+    assert 0.1 <= began < 0.5, f"the start began {began:.2f} s after the move, not at its stop (0.1 s)"
+    assert took < 1.1, f"the round took {took:.2f} s: the start waited for the whole move"
+    assert store.current_slice("2") is not None and store.current_slice("1") is not None
+
+
+def test_a_move_that_stopped_and_then_failed_does_not_block_its_old_gpus(store: Store) -> None:
+    """Its job is suspended (it holds nothing): the start on its old GPU goes ahead."""
+    backend = setup(store, {"1": ("n1", (0,))}, ["2"])
+    proto = FakeProtocol(backend, delay=0.05)
+    proto.resume_delay = 0.05
+    real_run = proto._run
+
+    def failing_resume(op: Op, job_id: str, placement: object, *, enter: bool = True) -> object:
+        if job_id == "1":
+            raise ProtocolError("job 1 did not start within 60 s")
+        return real_run(op, job_id, placement, enter=enter)  # type: ignore[arg-type]
+
+    proto._run = failing_resume  # type: ignore[method-assign,assignment]
+    plan = Plan((Decision(Action.MIGRATE, "1", pl("n1", 1)), Decision(Action.START, "2", pl("n1", 0))))
+    res = actor(backend, store, proto).execute(plan, {"1": pl("n1", 0)}, ties=False)
+    assert [r.ok for r in res] == [False, True]
+    assert store.get_job("1").state is JobState.SUSPENDED
+
+
+def test_a_tie_still_waits_for_the_tied_move_to_run_again() -> None:
+    """22.05: job 1 (old GPU index 0) goes to n2:1; job 2 may take n2:0 only once 1 runs again."""
+    from slurm_gandiva.controller.act import _tie_dependencies
+
+    held = {"1": pl("n1", 0)}
+    plan = [Decision(Action.MIGRATE, "1", pl("n2", 1)), Decision(Action.START, "2", pl("n2", 0))]
+    assert _tie_dependencies(plan, held, {}) == [set(), {0}]
 
 
 def test_dependencies_name_the_decisions_holding_a_target_and_allow_cycles() -> None:

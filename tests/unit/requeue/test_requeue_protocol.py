@@ -358,6 +358,22 @@ def test_resize_changes_gpu_count(proto: RequeueProtocol, slurm: FakeSlurm) -> N
     assert as_mapping(res)["outcome"] == "running"
 
 
+def test_a_move_reports_when_its_job_has_stopped(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    """on_stopped comes once, after the admin hold (the job holds no GPU) and before the resume half."""
+    slurm.add(FakeJob("7", node="n1", gpus=(2, 3), req_gres="gpu:g2:1,gpu:g3:1"))
+    seen: list[tuple[str, bool]] = []
+
+    def stopped() -> None:
+        j = slurm.job("7")
+        seen.append((j.state, j.hold is HoldKind.ADMIN))
+
+    res = proto.resize("7", place("n2", 2), on_stopped=stopped)
+    assert res.outcome is Outcome.RUNNING
+    assert seen == [("PENDING", True)]
+    held = proto.resize("7", place("n2", 2, 3), on_stopped=stopped)  # runs: stops again, one call more
+    assert held.outcome is Outcome.RUNNING and len(seen) == 2
+
+
 def test_migrate_of_a_job_that_finishes_stops_there(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
     slurm.add(FakeJob("7", on_signal="finish"))
     res = proto.migrate("7", place("n2", 0, 1))
