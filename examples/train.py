@@ -1,9 +1,11 @@
-"""A small deterministic PyTorch training job (synthetic data, CPU) using the job_wrapper API.
+"""A small deterministic PyTorch training job (synthetic data; CPU, or the rank's GPU) using the job_wrapper API.
 
 Run it through the wrapper:  gandiva-wrapper --state-dir D --nprocs 2 -- python examples/train.py --epochs 2
 At the end rank 0 prints `final_params_sha256=<hex>`: the same for an uninterrupted run and for one that was
 suspended and resumed any number of times with the same number of processes, and the same with
-`--loader-workers N` (a DataLoader with N worker processes) as without.
+`--loader-workers N` (a DataLoader with N worker processes) as without. `--device auto` (the default) trains
+on the rank's GPU where CUDA is there (the wrapper gives each rank one; NCCL then carries the gradients) and
+on the CPU elsewhere.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -47,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto: the rank's GPU where CUDA is available, else the CPU")
     ap.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds per step, standing for GPU time")
     ap.add_argument(
         "--sleep-per-sample",
@@ -64,16 +69,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (CUDA >= 10.2)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    rank, world = job_wrapper.init_distributed()
+    rank, world = job_wrapper.init_distributed()  # NCCL with CUDA (and the rank's GPU set), gloo without
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model: nn.Module = nn.Sequential(
         nn.Linear(args.dim, args.hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(args.hidden, 1)
-    )
+    ).to(device)
     if world > 1:
         # Bit-for-bit after a suspend at any world size (DDP's own all-reduce is exact for 2 ranks only).
-        model = job_wrapper.ordered_allreduce(nn.parallel.DistributedDataParallel(model))
+        ids = [device.index] if cuda else None
+        model = job_wrapper.ordered_allreduce(nn.parallel.DistributedDataParallel(model, device_ids=ids))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
     data = make_data(args.samples, args.dim, args.seed + 1)
@@ -87,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                              num_workers=args.loader_workers, persistent_workers=args.loader_workers > 0)
     for x, y, ids in batches:
         x = x + torch.from_numpy(np.random.standard_normal(x.shape).astype(np.float32)) * 0.01  # numpy RNG
+        x, y = x.to(device), y.to(device)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
@@ -103,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if rank == 0:
         print(f"final_params_sha256={params_sha256(getattr(model, 'module', model))}", flush=True)
-        print(f"steps={job.global_step} samples={job.samples_done} world_size={world}", file=sys.stderr)
+        backend = torch.distributed.get_backend() if world > 1 else "none"
+        print(f"steps={job.global_step} samples={job.samples_done} world_size={world} device={device} "
+              f"backend={backend}", file=sys.stderr)
     if world > 1:
         torch.distributed.destroy_process_group()
     return 0
