@@ -256,3 +256,41 @@ def test_an_arrays_long_task_list_is_read_whole(slurm: SlurmBackend, job_dir: Pa
     want = {f"{aid}_{t}" for t in tasks}
     for jobs in (slurm.snapshot().jobs, slurm.jobs(), slurm.snapshot().jobs):
         assert {j.job_id for j in jobs if j.array_id == aid} == want
+
+
+def test_coalesced_reads_give_each_thread_its_own_job(
+    slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]
+) -> None:
+    """The controller's actions poll their jobs through one shared query per batch (CoalescedReads): array
+    tasks (split off their array's record or not), a plain job and an unknown id asked at once must each get
+    their own answer, as a read of their own would."""
+    import threading
+
+    from slurm_gandiva.slurm.coalesce import CoalescedReads, ReadsJobs
+
+    aid = submit(slurm, job_dir, cleanup_jobs, "--hold", "--array=0-3", script="#!/bin/bash\nsleep 60\n")
+    slurm.update(f"{aid}_1", nodelist="n1")  # splits the task off the array's record
+    plain = submit(slurm, job_dir, cleanup_jobs, "--hold", script="#!/bin/bash\nsleep 60\n")
+    ids = [f"{aid}_{t}" for t in range(4)] + [plain]
+    unknown = str(int(plain) + 5000)
+    reads = CoalescedReads(slurm)
+    got: dict[str, list[str]] = {}
+    barrier = threading.Barrier(len(ids) + 1)
+
+    def poll(jid: str) -> None:
+        barrier.wait()
+        for _ in range(3):
+            try:
+                got.setdefault(jid, []).append(reads.job(jid).job_id)
+            except UnknownJob:
+                got.setdefault(jid, []).append("unknown")
+
+    threads = [threading.Thread(target=poll, args=(j,)) for j in [*ids, unknown]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == {**{j: [j, j, j] for j in ids}, unknown: ["unknown"] * 3}
+    assert reads.queries < 3 * (len(ids) + 1), "every read made a query of its own"
+    if isinstance(slurm, ReadsJobs):
+        assert set(slurm.read_jobs([*ids, unknown])) == set(ids)
