@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
-from slurm_gandiva.errors import GandivaError
+from slurm_gandiva.errors import GandivaError, ProtocolError
 from slurm_gandiva.model import GpuRef, JobState, Placement
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.requeue.protocol import OpResult, Outcome, Step, StepEvent, StepEventKind
@@ -49,7 +49,9 @@ SLICE_END_FOR = {
     Action.UNPACK: SliceEnd.PACK,
 }
 # Steps that belong to the resume half of an operation (the old slice ended before the first of them).
-_RESUME_STEPS = frozenset({Step.SET_PLACEMENT, Step.CLEAR_BEGIN, Step.RELEASE, Step.WAIT_RUNNING, Step.VERIFY})
+_RESUME_STEPS = frozenset(
+    {Step.SET_PLACEMENT, Step.CLEAR_BEGIN, Step.RELEASE, Step.WAIT_FREE, Step.WAIT_RUNNING, Step.VERIFY}
+)
 
 
 class MetricsLike(Protocol):
@@ -69,7 +71,9 @@ class ProtocolLike(Protocol):
 
     def suspend(self, job_id: str) -> OpResult: ...
 
-    def resume(self, job_id: str, placement: Placement) -> OpResult: ...
+    def resume(
+        self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None
+    ) -> OpResult: ...
 
     def migrate(
         self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
@@ -123,8 +127,10 @@ class JobSignals:
     def suspend(self, job_id: str) -> OpResult:
         return self.protocol_for(job_id).suspend(job_id)
 
-    def resume(self, job_id: str, placement: Placement) -> OpResult:
-        return self.protocol_for(job_id).resume(job_id, placement)
+    def resume(
+        self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None
+    ) -> OpResult:
+        return self.protocol_for(job_id).resume(job_id, placement, until_free=until_free)
 
     def migrate(
         self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
@@ -263,58 +269,94 @@ class Actor:
         events: queue.SimpleQueue[tuple[bool, int]] = queue.SimpleQueue()  # (done, decision): stopped or done
         blocked: set[GpuRef] = set()  # GPUs of jobs that failed to stop
         unstopped: set[int] = set()  # decisions of jobs that failed to stop
+        freed: set[int] = set()  # decisions whose job holds none of its old GPUs any more
+        cv = threading.Condition()  # guards freed / unstopped for the starts released ahead
         left = set(range(len(ds)))
         stopping = False
 
         def met(i: int) -> bool:
             return all(j in results or (j in stopped and j not in hard[i]) for j in deps[i])
 
+        def ahead(i: int) -> bool:
+            """A start or resume whose GPUs only running jobs being stopped by decisions under way hold is
+            released at once (Slurm starts it as the last of them completes: no wait for its next pass)."""
+            return (
+                ds[i].action in (Action.START, Action.RESUME)
+                and not hard[i]
+                and i not in places
+                and deps[i] <= running.keys() | results.keys()
+            )
+
+        def until_free(i: int) -> None:
+            with cv:
+                cv.wait_for(lambda: deps[i] <= freed | unstopped)
+                failed = deps[i] & unstopped
+            if failed:
+                raise ProtocolError("skipped: its GPUs are still held by a job that failed to stop")
+
         with ThreadPoolExecutor(max_workers=min(32, max(1, len(ds))), thread_name_prefix="act") as pool:
             running: dict[int, Future[ActResult]] = {}
             while left or running:
                 ready = sorted(i for i in left if met(i))
-                if not ready and not running and left:
+                if not ready and not running and left and not any(ahead(i) for i in left):
                     ready = [min(left)]  # a cycle cannot be ordered: what is left runs one at a time
-                for i in ready:
-                    d = ds[i]
-                    if d.action is not Action.SUSPEND and not stopping and self.should_stop():
-                        stopping = True
-                        log.info("stopping: %d decisions of this plan not started", len(left))
-                    if stopping and d.action is not Action.SUSPEND:
-                        continue
-                    left.discard(i)
-                    why = _blocked(d, blocked, places.get(i, ()), unstopped)
-                    if why:
-                        log.warning("job %s: %s %s", d.job_id, d.action.value, why)
-                        self.store.record_event("skipped", d.job_id, f"{d.action.value}: {why}", self.clock())
-                        results[i] = ActResult(d, StoreOutcome.FAILED, why)
-                        continue
-                    fut = pool.submit(self._attempt, d, functools.partial(events.put, (False, i)))
-                    fut.add_done_callback(functools.partial(_put_done, events, i))
-                    running[i] = fut
+                for early, batch in ((False, ready), (True, None)):
+                    if batch is None:  # after the ready ones are under way: the starts that may go ahead
+                        batch = sorted(i for i in left if ahead(i))
+                    for i in batch:
+                        d = ds[i]
+                        if d.action is not Action.SUSPEND and not stopping and self.should_stop():
+                            stopping = True
+                            log.info("stopping: %d decisions of this plan not started", len(left))
+                        if stopping and d.action is not Action.SUSPEND:
+                            continue
+                        left.discard(i)
+                        why = _blocked(d, blocked, places.get(i, ()), unstopped)
+                        if why:
+                            log.warning("job %s: %s %s", d.job_id, d.action.value, why)
+                            self.store.record_event("skipped", d.job_id, f"{d.action.value}: {why}", self.clock())
+                            results[i] = ActResult(d, StoreOutcome.FAILED, why)
+                            continue
+                        wait = functools.partial(until_free, i) if early and deps[i] - freed else None
+                        fut = pool.submit(self._attempt, d, functools.partial(events.put, (False, i)), wait)
+                        fut.add_done_callback(functools.partial(_put_done, events, i))
+                        running[i] = fut
                 if stopping and not running:
                     break
                 if not running:
                     continue
                 done, i = events.get()
                 if not done:
-                    stopped.add(i)
+                    with cv:
+                        stopped.add(i)
+                        freed.add(i)
+                        cv.notify_all()
                     continue
                 r = results[i] = running.pop(i).result()
-                if not r.ok and r.decision.job_id in held and i not in stopped:
-                    blocked.update(held[r.decision.job_id].gpus)
-                    unstopped.add(i)
+                with cv:
+                    if r.ok or r.outcome is StoreOutcome.ABANDONED or i in stopped or r.decision.job_id not in held:
+                        freed.add(i)
+                    else:
+                        blocked.update(held[r.decision.job_id].gpus)
+                        unstopped.add(i)
+                    cv.notify_all()
         return tuple(results[i] for i in sorted(results))
 
-    def _attempt(self, d: Decision, on_stopped: Callable[[], None] | None = None) -> ActResult:
+    def _attempt(
+        self,
+        d: Decision,
+        on_stopped: Callable[[], None] | None = None,
+        until_free: Callable[[], None] | None = None,
+    ) -> ActResult:
         """Record the intent, then carry the decision out (on a worker thread); never raises. `on_stopped`:
-        a move's job has stopped and holds no GPU (its resume half follows)."""
+        a move's job has stopped and holds no GPU (its resume half follows). `until_free`: a start released
+        ahead waits in it for the jobs that hold its GPUs to stop (see RequeueProtocol.resume)."""
         try:
             did = self._intent(d)
         except Exception as exc:
             log.exception("job %s: could not record the intent; not acting", d.job_id)
             return ActResult(d, StoreOutcome.FAILED, f"intent not recorded: {exc}")
-        return self._run(d, did, on_stopped)
+        return self._run(d, did, on_stopped, until_free)
 
     def _intent(self, d: Decision) -> int:
         did = self.store.record_intent(d.job_id, d.action, d.placement, d.reason, self.clock())
@@ -329,12 +371,18 @@ class Actor:
             for key in [k for k in self._open_steps if k[0] == d.job_id]:
                 del self._open_steps[key]
 
-    def _run(self, d: Decision, did: int, on_stopped: Callable[[], None] | None = None) -> ActResult:
+    def _run(
+        self,
+        d: Decision,
+        did: int,
+        on_stopped: Callable[[], None] | None = None,
+        until_free: Callable[[], None] | None = None,
+    ) -> ActResult:
         """Carry out one decision whose intent is recorded; never raises."""
         assert self.protocol is not None
         t0 = self.clock()
         try:
-            res = self._call(d, on_stopped)
+            res = self._call(d, on_stopped, until_free)
         except Exception as exc:
             return self._failed(d, did, exc)
         finally:
@@ -346,12 +394,19 @@ class Actor:
             log.exception("job %s: %s done but not recorded", d.job_id, d.action.value)
             return ActResult(d, StoreOutcome.FAILED, f"not recorded: {exc}", res, did)
 
-    def _call(self, d: Decision, on_stopped: Callable[[], None] | None = None) -> OpResult:
+    def _call(
+        self,
+        d: Decision,
+        on_stopped: Callable[[], None] | None = None,
+        until_free: Callable[[], None] | None = None,
+    ) -> OpResult:
         assert self.protocol is not None
         if d.action is Action.SUSPEND:
             return self.protocol.suspend(d.job_id)
         assert d.placement is not None, f"{d.action.value} without a placement"
         if d.action in (Action.START, Action.RESUME):
+            if until_free is not None:
+                return self.protocol.resume(d.job_id, d.placement, until_free=until_free)
             return self.protocol.resume(d.job_id, d.placement)
         if d.action is Action.RESIZE:
             return self.protocol.resize(d.job_id, d.placement, on_stopped=on_stopped)

@@ -74,6 +74,7 @@ class Step(enum.Enum):
     SET_PLACEMENT = "set-placement"  # scontrol update nodelist=N gres=gpu:gK:1,...
     CLEAR_BEGIN = "clear-begin"  # scontrol update starttime=now[+N] (requeue leaves ~120 s BeginTime)
     RELEASE = "release"  # scontrol release
+    WAIT_FREE = "wait-free"  # released ahead: until the jobs that hold its GPUs have stopped (`resume`)
     WAIT_RUNNING = "wait-running"  # until RUNNING
     VERIFY = "verify"  # Slurm's GPUs == the placement
 
@@ -557,11 +558,21 @@ class RequeueProtocol:
 
     # -- resume ------------------------------------------------------------------------------------
 
-    def resume(self, job_id: str, placement: Placement) -> OpResult:
-        """Start a held job (suspended, or never started) on exactly `placement` and wait until it runs."""
-        return self._resume(_Run(self, job_id, Op.RESUME), placement)
+    def resume(
+        self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None
+    ) -> OpResult:
+        """Start a held job (suspended, or never started) on exactly `placement` and wait until it runs.
 
-    def _resume(self, run: _Run, placement: Placement) -> OpResult:
+        `until_free`: the placement's GPUs are still held by jobs that are being stopped. The job is set up
+        and released at once (Slurm holds it back until those GPUs are free, and starts it in the pass that
+        the last one's completion runs), then `until_free()` blocks until they have stopped and raises if
+        one of them will not; the job is then held again (unless it already runs) and the error passes on.
+        The start timeout counts from when `until_free` returns."""
+        return self._resume(_Run(self, job_id, Op.RESUME), placement, until_free)
+
+    def _resume(
+        self, run: _Run, placement: Placement, until_free: Callable[[], None] | None = None
+    ) -> OpResult:
         _check_placement(placement)
         job_id = run.job_id
         job = self.read_job(job_id)
@@ -615,6 +626,8 @@ class RequeueProtocol:
             return f"released ({early:.2f} s before, just ahead of its begin time)" if early > 0 else "released"
 
         run.do(Step.RELEASE, release)
+        if until_free is not None:
+            self._until_free(run, until_free)
         box: list[SlurmJob] = []
 
         def wait_running() -> str:
@@ -648,6 +661,25 @@ class RequeueProtocol:
 
         run.do(Step.VERIFY, verify)
         return run.result(Outcome.RUNNING, placement)
+
+    def _until_free(self, run: _Run, until_free: Callable[[], None]) -> None:
+        def act() -> str:
+            try:
+                until_free()
+            except Exception:
+                # Not to start later where the controller no longer expects it; unless it already runs.
+                with contextlib.suppress(SlurmError):
+                    self.backend.hold(run.job_id)
+                try:
+                    running = phase(self.read_job(run.job_id)) is Phase.RUNNING
+                except SlurmError:
+                    running = False
+                if not running:
+                    raise
+                return "its GPUs' holder did not stop cleanly, but the job runs"
+            return "the jobs that held its GPUs have stopped"
+
+        run.do(Step.WAIT_FREE, act)
 
     def _begin_after(self, stopped: float) -> int:
         """The first whole second (wall time) at which a job seen stopped at `stopped` may start again on the

@@ -126,6 +126,7 @@ class FakeProtocol:
         self.backend = backend
         self.delay = delay
         self.resume_delay = 0.0  # a move: seconds between the job's stop (on_stopped) and its new start
+        self.ran_at: dict[str, float] = {}  # job id -> time.monotonic() when it was set running
         self.fail = set(fail)
         self.calls: list[tuple[str, str, Placement | None]] = []
         self.on_call: Callable[[str, str], None] | None = None
@@ -156,9 +157,22 @@ class FakeProtocol:
         )
         return OpResult(job_id, Op.SUSPEND, Outcome.SUSPENDED, (StepRecord(Step.SIGNAL, self.delay),))
 
-    def _run(self, op: Op, job_id: str, placement: Placement, *, enter: bool = True) -> OpResult:
+    def _run(
+        self,
+        op: Op,
+        job_id: str,
+        placement: Placement,
+        *,
+        enter: bool = True,
+        until_free: Callable[[], None] | None = None,
+    ) -> OpResult:
         if enter:
             self._enter(op.value, job_id, placement)
+        if until_free is not None:
+            with self.lock:
+                self.calls.append(("released-ahead", job_id, placement))
+            until_free()  # raises when a holder failed to stop: the job stays pending
+        self.ran_at[job_id] = time.monotonic()
         j = self.backend.job(job_id)
         gpus: dict[str, tuple[int, ...]] = {}
         for g in placement.gpus:
@@ -176,8 +190,10 @@ class FakeProtocol:
         )
         return OpResult(job_id, op, Outcome.RUNNING, (StepRecord(Step.RELEASE, self.delay),), placement)
 
-    def resume(self, job_id: str, placement: Placement) -> OpResult:
-        return self._run(Op.RESUME, job_id, placement)
+    def resume(
+        self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None
+    ) -> OpResult:
+        return self._run(Op.RESUME, job_id, placement, until_free=until_free)
 
     def _move(self, op: Op, job_id: str, placement: Placement, on_stopped: Callable[[], None] | None) -> OpResult:
         if on_stopped is None or not self.resume_delay:

@@ -116,8 +116,8 @@ def test_a_start_on_a_moving_jobs_gpus_begins_when_that_job_has_stopped(store: S
     res = actor(backend, store, proto).execute(plan, {"1": pl("n1", 0)}, ties=False)  # ties: the test below
     took = time.monotonic() - t0
     assert all(r.ok for r in res)
-    began = at[("resume", "2")] - at[("migrate", "1")]
-    assert 0.1 <= began < 0.5, f"the start began {began:.2f} s after the move, not at its stop (0.1 s)"
+    began = proto.ran_at["2"] - at[("migrate", "1")]
+    assert 0.1 <= began < 0.5, f"the start ran {began:.2f} s after the move began, not at its stop (0.1 s)"
     assert took < 1.1, f"the round took {took:.2f} s: the start waited for the whole move"
     assert store.current_slice("2") is not None and store.current_slice("1") is not None
 
@@ -129,10 +129,10 @@ def test_a_move_that_stopped_and_then_failed_does_not_block_its_old_gpus(store: 
     proto.resume_delay = 0.05
     real_run = proto._run
 
-    def failing_resume(op: Op, job_id: str, placement: object, *, enter: bool = True) -> object:
+    def failing_resume(op: Op, job_id: str, placement: object, **kw: object) -> object:
         if job_id == "1":
             raise ProtocolError("job 1 did not start within 60 s")
-        return real_run(op, job_id, placement, enter=enter)  # type: ignore[arg-type]
+        return real_run(op, job_id, placement, **kw)  # type: ignore[arg-type]
 
     proto._run = failing_resume  # type: ignore[method-assign,assignment]
     plan = Plan((Decision(Action.MIGRATE, "1", pl("n1", 1)), Decision(Action.START, "2", pl("n1", 0))))
@@ -224,8 +224,11 @@ def test_a_start_waits_only_for_the_suspend_that_frees_its_gpus(store: Store) ->
     res = actor(backend, store, proto).execute(plan, {"1": pl("n1", 0), "2": pl("n1", 1)})
     assert [r.decision.job_id for r in res] == ["1", "2", "3", "4"] and all(r.ok for r in res)
     assert at[("resume", "4")] < 0.1, at  # no suspend in its way
-    assert 0.1 <= at[("resume", "3")] < 0.6, at  # after job 1's suspend, long before job 2's ends
-    assert at[("resume", "3")] >= at[("suspend", "1")] + 0.1
+    ran = proto.ran_at["3"] - t0
+    assert 0.1 <= ran < 0.6, (ran, at)  # after job 1's suspend, long before job 2's ends
+    assert ran >= at[("suspend", "1")] + 0.1
+    # Set up and released at once (Slurm starts it as job 1's completion frees the GPU), not after.
+    assert at[("resume", "3")] < 0.1 and ("released-ahead", "3", pl("n1", 0)) in proto.calls, at
 
 
 def test_a_start_of_an_array_task_is_skipped_when_the_task_whose_place_it_takes_failed_to_stop(
@@ -292,7 +295,9 @@ def test_a_failed_decision_is_isolated_and_blocks_only_its_gpus(store: Store) ->
     assert not res["1"].ok and "injected failure" in res["1"].detail
     assert res["2"].ok and res["4"].ok
     assert not res["3"].ok and "skipped" in res["3"].detail
-    assert ("resume", "3", pl("n1", 0)) not in proto.calls
+    # Released ahead of job 1's suspend, then held back when that failed: it never ran, it holds nothing.
+    assert "3" not in proto.ran_at and backend.job("3").pending and not backend.job("3").gpus
+    assert store.current_slice("3") is None
     assert store.current_slice("1") is not None  # still running as far as we know
     assert store.current_slice("4").placement == pl("n1", 1)
     assert {d.job_id: d.outcome for d in store.decisions()}["1"] is Outcome.FAILED

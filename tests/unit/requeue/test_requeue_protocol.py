@@ -168,6 +168,32 @@ def test_resume_sets_exact_gpus_clears_begin_time_and_releases(
     assert wait is not None and wait.seconds < 1.0
 
 
+def test_a_resume_released_ahead_waits_until_free_and_is_held_again_when_its_gpus_stay_taken(
+    proto: RequeueProtocol, slurm: FakeSlurm
+) -> None:
+    """until_free runs after the release (the job is set up and released while its GPUs' holder stops)
+    and before the wait for RUNNING; when it raises, the job is held again and the error passes on."""
+    slurm.add(FakeJob("7", req_gres=""))
+    proto.suspend("7")
+    seen: list[str] = []
+    res = proto.resume("7", place("n2", 0), until_free=lambda: seen.append(slurm.job("7").reason))
+    assert res.outcome is Outcome.RUNNING and len(seen) == 1
+    assert ran(res.steps) == [
+        Step.SET_PLACEMENT, Step.CLEAR_BEGIN, Step.RELEASE, Step.WAIT_FREE, Step.WAIT_RUNNING, Step.VERIFY,
+    ]
+    slurm.add(FakeJob("8", req_gres=""))
+    proto.suspend("8")
+
+    def taken() -> None:
+        raise ProtocolError("skipped: its GPUs are still held by a job that failed to stop")
+
+    holds = len(slurm.called("hold"))
+    with pytest.raises(ProtocolError, match="failed to stop"):
+        proto.resume("8", place("n2", 1), until_free=taken)
+    job = slurm.job("8")
+    assert job.pending and job.hold is HoldKind.ADMIN and len(slurm.called("hold")) == holds + 1
+
+
 def test_resume_shared_uses_shards(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
     slurm.add(FakeJob("7", state="PENDING", hold=HoldKind.ADMIN, reason="JobHeldAdmin", gpus=(), req_gres=""))
     res = proto.resume("7", place("n1", 3, shared=True))
