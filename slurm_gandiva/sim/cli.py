@@ -22,6 +22,9 @@ traces:
     duration     seconds on `gpus` GPUs at the best placement (required)
     gpus         GPUs asked for (required)
     job_id, model (bert|cifar10|deepspeech2|imagenet|ncf|yolov3), user, max_gpus (>= gpus) (optional)
+    group        jobs with the same name form one search, a job array (optional)
+    group_max    the most jobs of the group that may run at once, >= 1 (an array's %MAX; the same
+                 on every row of the group; optional, needs group)
   e.g.  job_id,submit_time,duration,gpus,model
         a,0,3600,1,cifar10
   A malformed row, or a column (key) not listed here, is reported with its file and line number.
@@ -187,8 +190,10 @@ def _main(args: argparse.Namespace) -> int:
         elastic=args.elastic,
         max_time=args.max_time,
     )
+    groups = trace.groups
+    grouped = f", {len(groups)} job group(s) ({len(trace.group_caps)} capped)" if groups else ""
     print(
-        f"trace {trace.name}: {len(trace)} jobs over {trace.span / 3600:.1f} h, offered load "
+        f"trace {trace.name}: {len(trace)} jobs{grouped} over {trace.span / 3600:.1f} h, offered load "
         f"{trace.offered_load(args.gpus):.2f} on {args.gpus} GPUs; overheads from {config.overheads.source}",
         file=sys.stderr,
     )

@@ -24,6 +24,10 @@ bookkeeping the controller uses, charging modelled overheads:
   other job starting in the same round. Service (what LAS compares) counts from `launch` after the
   decision and through a suspend, as the controller's slices open when Slurm runs the job and close
   when it has stopped.
+
+A trace's groups (`TraceJob.group`: job arrays) become `JobSpec.group`, and their throttles every view's
+`group_caps`: a plan that would run more jobs of a group than its cap is rejected like any other
+impossible plan. `run(on_round=...)` sees the running jobs after each round.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import STARTUP_GRACE_S, ClusterView, Job, JobSpec, JobState, Placement, RateTable, Topology
@@ -298,6 +303,8 @@ class _Rec:
 
 
 ProgressFn = Callable[[int, int, float], None]
+# Called after each policy round with its time and the jobs running once its plan is carried out.
+RoundFn = Callable[[float, tuple[Job, ...]], None]
 
 
 class Simulator:
@@ -329,6 +336,8 @@ class Simulator:
             n: SpeedModel(p, self.topology, self.config.locality_penalty, self.config.interference)
             for n, p in self.profiles.items()
         }
+        # The trace's job-array throttles: every view carries them, and `_apply` holds plans to them.
+        self.group_caps: Mapping[str, int] = MappingProxyType(trace.group_caps)
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -365,6 +374,7 @@ class Simulator:
                 total_work=total,
                 name=tj.job_id,
                 model=model,
+                group=tj.group,
             )
             job = Job(spec, rates=self._table(model, max(lo, hi, asked)))
             rec = _Rec(job, speed, total, asked)
@@ -374,7 +384,9 @@ class Simulator:
 
     # ---- the loop -----------------------------------------------------------------------------
 
-    def run(self, progress: ProgressFn | None = None) -> SimResult:
+    def run(self, progress: ProgressFn | None = None, *, on_round: RoundFn | None = None) -> SimResult:
+        """Simulate the whole trace (or up to `SimConfig.max_time`). `progress(done, total, t)` is called
+        after each round and at the end; `on_round(t, running)` after each policy round (see `RoundFn`)."""
         recs = sorted(self.make_jobs(), key=lambda r: r.arrive)
         n = len(recs)
         quantum = getattr(self.policy, "quantum", None)
@@ -475,8 +487,12 @@ class Simulator:
                     rates = rates.with_rate(p.count, self.topology.locality(p.gpus), r.rate)
                 r.job = _synced(r.job, min(r.progress, r.total), r.service, r.rate if trained else None, start, rates)
             view = ClusterView(
-                self.topology, tuple(r.job for r in active.values()), t, requeue_ties=self.config.requeue_ties,
-                same_gpus_per_node=self.config.same_gpus_per_node
+                self.topology,
+                tuple(r.job for r in active.values()),
+                t,
+                requeue_ties=self.config.requeue_ties,
+                group_caps=self.group_caps,
+                same_gpus_per_node=self.config.same_gpus_per_node,
             )
             plan = self.policy.decide(view, t)
             decisions += 1
@@ -492,6 +508,8 @@ class Simulator:
                 if tick is not None:
                     acting_until = t + max(self.act_seconds(d) for d in plan.decisions)
             samples.append(Sample(t, len(whole) + len(shards), len(running), len(active) - len(running)))
+            if on_round is not None:
+                on_round(t, tuple(r.job for r in running.values()))
             if progress is not None:
                 progress(done, n, t)
             if not plan and not running and nxt >= n:
@@ -640,7 +658,28 @@ class Simulator:
                 r.resizes += 1
             elif a in (Action.PACK, Action.UNPACK):
                 r.packs += 1
+        if self.group_caps:
+            self._check_caps(plan, running)
         self._refresh_rates(moved, touched, running, shards)
+
+    def _check_caps(self, plan: Plan, running: Mapping[str, _Rec]) -> None:
+        """PlanRejected when, after `plan`, a capped group (`group_caps`) runs more jobs than its cap."""
+        caps = self.group_caps
+        count: dict[str, int] = {}
+        for r in running.values():
+            g = r.job.spec.group
+            if g is not None and g in caps:
+                count[g] = count.get(g, 0) + 1
+        over = sorted(g for g, k in count.items() if k > caps[g])
+        if over:
+            g = over[0]
+            placed = sorted(
+                d.job_id for d in plan.decisions if d.job_id in running and running[d.job_id].job.spec.group == g
+            )
+            raise PlanRejected(
+                f"{self.policy.name}: plan runs {count[g]} jobs of group {g} at once, over its cap of {caps[g]}"
+                f" (placed in this round: {', '.join(placed)})"
+            )
 
     def act_seconds(self, d: Decision) -> float:
         """How long the controller's actor is busy with decision `d` (with a tick: the next tick waits

@@ -11,6 +11,11 @@ Our own format (CSV with a header, or JSON), one job per row:
 - ``user`` (optional): default ``user``.
 - ``max_gpus`` (optional): for elastic policies, the most GPUs the job may grow to, >= ``gpus``; default:
   where its model stops speeding up.
+- ``group`` (optional): a name; jobs with the same one belong to one search (a Slurm job array, whose
+  id becomes each job's `JobSpec.group`). Empty: no group.
+- ``group_max`` (optional): int >= 1, the most jobs of the row's group that may run at once (the array's
+  ``%MAX`` throttle: `ClusterView.group_caps`); needs ``group``, and every row of a group must give the
+  same value (or all leave it empty: the group is not capped).
 
 Any other column (JSON: key) is refused, naming it: a misspelt optional column would otherwise be dropped
 without a word (``max_gpu`` leaving a job free to grow to the whole cluster).
@@ -26,7 +31,7 @@ the file and the line (CSV: the physical line; JSON: the line the row's object s
 
 Philly (``philly.csv``): rows of one virtual cluster sorted by submission time (ties keep file order),
 the first N taken, times made relative to the first and divided by the load factor (load 2.0 = arrivals
-twice as dense). `Trace.compressed` does the same to any trace.
+twice as dense). `Trace.compressed` does the same to any trace. Philly rows have no groups.
 """
 
 from __future__ import annotations
@@ -43,12 +48,12 @@ from slurm_gandiva.errors import TraceError
 from slurm_gandiva.sim.models import MODEL_NAMES, data_dir
 
 PHILLY = "philly"
-COLUMNS = ("job_id", "submit_time", "duration", "gpus", "model", "user", "max_gpus")
+COLUMNS = ("job_id", "submit_time", "duration", "gpus", "model", "user", "max_gpus", "group", "group_max")
 
 
 @dataclass(frozen=True)
 class TraceJob:
-    """One job of a trace."""
+    """One job of a trace. `group_max` is its group's throttle (the same on every job of the group)."""
 
     job_id: str
     submit_time: float
@@ -57,6 +62,8 @@ class TraceJob:
     model: str | None = None
     user: str = "user"
     max_gpus: int | None = None
+    group: str | None = None
+    group_max: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,38 @@ class Trace:
     name: str
     jobs: tuple[TraceJob, ...]
 
+    def __post_init__(self) -> None:
+        caps: dict[str, int | None] = {}
+        for j in self.jobs:
+            if j.group is None:
+                if j.group_max is not None:
+                    raise TraceError(f"trace {self.name}: job {j.job_id} has group_max but no group")
+                continue
+            if j.group_max is not None and j.group_max < 1:
+                raise TraceError(f"trace {self.name}: job {j.job_id}: group_max {j.group_max} must be >= 1")
+            if caps.setdefault(j.group, j.group_max) != j.group_max:
+                raise TraceError(
+                    f"trace {self.name}: job {j.job_id} of group {j.group!r} has {_cap_text(j.group_max)}, "
+                    f"an earlier job of it {_cap_text(caps[j.group])}; a group has one throttle"
+                )
+
     def __len__(self) -> int:
         return len(self.jobs)
+
+    @property
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """Group -> the ids of its jobs, in trace order (ungrouped jobs are left out)."""
+        out: dict[str, list[str]] = {}
+        for j in self.jobs:
+            if j.group is not None:
+                out.setdefault(j.group, []).append(j.job_id)
+        return {g: tuple(ids) for g, ids in out.items()}
+
+    @property
+    def group_caps(self) -> dict[str, int]:
+        """Group -> the most of its jobs that may run at once (`ClusterView.group_caps`); uncapped groups
+        are left out. A new dict on each call."""
+        return {j.group: j.group_max for j in self.jobs if j.group is not None and j.group_max is not None}
 
     @property
     def span(self) -> float:
@@ -153,6 +190,17 @@ def _job_from_row(row: Mapping[str, object], index: int, where: str) -> TraceJob
     max_gpus = _int(max_raw, "max_gpus", where) if max_raw not in (None, "") else None
     if max_gpus is not None and max_gpus < gpus:
         raise TraceError(f"{where}: max_gpus {max_gpus} is below gpus {gpus}; raise it or leave it empty")
+    raw_group = row.get("group")
+    if raw_group is not None and (isinstance(raw_group, bool) or not isinstance(raw_group, (str, int))):
+        raise TraceError(f"{where}: group {raw_group!r} is not a name; give a string or leave it out")
+    group = (str(raw_group).strip() or None) if raw_group is not None else None
+    cap_raw = get("group_max")
+    group_max = _int(cap_raw, "group_max", where) if cap_raw not in (None, "") else None
+    if group_max is not None:
+        if group is None:
+            raise TraceError(f"{where}: group_max {group_max} without a group; name the group or drop it")
+        if group_max < 1:
+            raise TraceError(f"{where}: group_max {group_max} must be >= 1 (jobs of the group that may run at once)")
     return TraceJob(
         job_id=get("job_id") or f"j{index}",
         submit_time=submit,
@@ -161,7 +209,26 @@ def _job_from_row(row: Mapping[str, object], index: int, where: str) -> TraceJob
         model=model,
         user=get("user") or "user",
         max_gpus=max_gpus,
+        group=group,
+        group_max=group_max,
     )
+
+
+def _check_group(job: TraceJob, seen: dict[str, tuple[int | None, str]], where: str) -> None:
+    """TraceError unless `job`'s group_max agrees with the first row of its group (`seen`: group ->
+    (its group_max, that row's file:line), filled in here)."""
+    if job.group is None:
+        return
+    first = seen.setdefault(job.group, (job.group_max, where))
+    if first[0] != job.group_max:
+        raise TraceError(
+            f"{where}: {_cap_text(job.group_max)} for group {job.group!r}, but {first[1]} gave it "
+            f"{_cap_text(first[0])}; rows of one group must agree"
+        )
+
+
+def _cap_text(cap: int | None) -> str:
+    return "no group_max" if cap is None else f"group_max {cap}"
 
 
 def _check_keys(row: Mapping[str, object], where: str, what: str) -> None:
@@ -219,13 +286,16 @@ def load_trace(path: str | Path) -> Trace:
     if p.suffix.lower() == ".json":
         return _load_json(p)
     jobs = []
+    seen: dict[str, tuple[int | None, str]] = {}
     for i, (line, row) in enumerate(_csv_rows(p)):
         if i == 0:
             missing = {"submit_time", "duration", "gpus"} - set(row)
             if missing:
                 raise TraceError(f"{p}:1: header lacks {', '.join(sorted(missing))}; see `gandiva simulate --help`")
             _check_keys(row, f"{p}:1", "column")
-        jobs.append(_job_from_row(row, i, f"{p}:{line}"))
+        job = _job_from_row(row, i, f"{p}:{line}")
+        _check_group(job, seen, f"{p}:{line}")
+        jobs.append(job)
     return _finish(p.stem, jobs, p)
 
 
@@ -243,12 +313,15 @@ def _load_json(p: Path) -> Trace:
         raise TraceError(f'{p}:1: expected a list of jobs or {{"jobs": [...]}}')
     starts = _object_lines(text)
     jobs = []
+    seen: dict[str, tuple[int | None, str]] = {}
     for i, row in enumerate(rows):
         line = starts[i] if i < len(starts) else 1
         if not isinstance(row, dict):
             raise TraceError(f"{p}:{line}: job {i} is not an object")
         _check_keys(row, f"{p}:{line}", "key")
-        jobs.append(_job_from_row(row, i, f"{p}:{line}"))
+        job = _job_from_row(row, i, f"{p}:{line}")
+        _check_group(job, seen, f"{p}:{line}")
+        jobs.append(job)
     return _finish(p.stem, jobs, p)
 
 
