@@ -266,7 +266,7 @@ def run(
     files = JobFiles(ensure_state_dir(config.state_dir))
     gpus = allocated_gpus(env)
     nprocs, rank_gpus = plan_ranks(config.nprocs, gpus)
-    job_id = env.get("SLURM_JOB_ID")
+    job_id = slurm_job_ref(env)
     nodes = job_nodes(env)
     if nodes > 1 and not config.node:
         return _run_across_nodes(config, env, files, gpus, nprocs, nodes, clock=clock, sleep=sleep)
@@ -545,7 +545,7 @@ def _finish(
     """Write status.json and the exit event; on a suspend inside Slurm, requeue-hold the job."""
     name = {ExitCode.DONE: "done", ExitCode.SUSPENDED: "suspended"}.get(outcome, "failed")
     prog = read_progress(files.progress)
-    job_id = env.get("SLURM_JOB_ID")
+    job_id = slurm_job_ref(env)
     status: dict[str, object] = {
         "outcome": name,
         "exit_code": int(outcome),
@@ -583,6 +583,17 @@ def _finish(
     append_event(files.events, "requeuehold_failed", job_id=job_id, reason=why)
     _log(f"{why}; exiting {int(ExitCode.SUSPENDED)} (suspended) instead")
     return int(ExitCode.SUSPENDED)
+
+
+def slurm_job_ref(env: Mapping[str, str]) -> str | None:
+    """This job as Slurm's commands must name it (None outside Slurm): ARRAY_TASK for a job array's task,
+    else $SLURM_JOB_ID. A task's own numeric id can be the array's id (the array's record ends as one of its
+    tasks), and `scontrol requeuehold ARRAY_ID` requeues every task of the array, finished ones too: a
+    cancelled or completed task would run again."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID", "").strip(), env.get("SLURM_ARRAY_TASK_ID", "").strip()
+    if array and task:
+        return f"{array}_{task}"
+    return env.get("SLURM_JOB_ID") or None
 
 
 def _log(message: str) -> None:

@@ -383,3 +383,21 @@ def test_repeated_and_late_signals_neither_kill_training_nor_fail_a_finished_run
     sent = _spam_until_exit(child, JobFiles(alone).events)
     out = child.stdout.read() if child.stdout else ""
     assert sent > 0 and child.returncode == 0, out
+
+
+def test_an_array_task_requeue_holds_itself_by_array_and_task_id(tmp_path: Path) -> None:
+    """A task's numeric id can be its array's id (the array's record ends as one of its tasks), and
+    `scontrol requeuehold ARRAY_ID` requeues every task of the array, cancelled and completed ones too (seen
+    in CI: a cancelled task ran again). The wrapper names its task as ARRAY_TASK."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    fake = bindir / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 1\n')
+    fake.chmod(0o755)
+    env = {"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "11", "SLURM_JOB_GPUS": "0,1",
+           "PATH": f"{bindir}:{os.environ['PATH']}"}
+    rc, files, out = run_fake(tmp_path, env, signal_it=True)
+    assert rc == ExitCode.SUSPENDED, out
+    assert calls.read_text().split() == ["requeuehold", "7_11"]
+    assert json.loads(files.status.read_text())["job_id"] == "7_11"

@@ -60,3 +60,40 @@ def test_signalled_job_checkpoints_and_goes_pending_held(
     assert state["step"] >= 3 and state["world_size"] == 2
     kinds = [e["event"] for e in read_events(files.events)]
     assert kinds.index("signal") < kinds.index("checkpoint") < kinds.index("exit") < kinds.index("requeuehold_done")
+
+
+def test_a_signalled_array_task_requeues_itself_alone(
+    slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str]
+) -> None:
+    """Task 1 of a two-task array starts last, so it runs under the array's own job id; signalled once task
+    0 has completed, its wrapper must requeue-hold task 1 alone. `scontrol requeuehold <that id>` would
+    requeue the whole array, the completed task 0 too (seen in CI: a cancelled task ran again)."""
+    job = Path(__file__).resolve().parents[2] / "benchmarks" / "scale_job.py"  # exits 75 at the signal
+    cmd = [str(BIN / "gandiva-wrapper"), "--", sys.executable, str(job)]
+    script = (
+        "#!/bin/bash\n"
+        '[ "$SLURM_ARRAY_TASK_ID" = 0 ] && exit 0\n'
+        f'export GANDIVA_STATE_DIR={shlex.quote(str(job_dir))}/"${{SLURM_ARRAY_JOB_ID}}_$SLURM_ARRAY_TASK_ID"\n'
+        f"exec {shlex.join(cmd)}\n"
+    )
+    array = slurm.submit(SubmitRequest(script, options=[
+        "--job-name=array-requeue", "--array=0-1", "--ntasks=1", "--cpus-per-task=1", "--mem=500M",
+        "--gres=gpu:1", f"--chdir={job_dir}", f"--output={job_dir}/%A_%a.out",
+    ], as_user=test_user))
+    first, second = f"{array}_0", f"{array}_1"
+    cleanup_jobs.extend([first, second])
+    events = JobFiles(job_dir / second).events
+
+    def started() -> bool:
+        states = {j.job_id: j for j in slurm.jobs() if j.array_id == array}
+        done = states.get(first) is not None and states[first].state == "COMPLETED"
+        up = states.get(second) is not None and states[second].running
+        return done and up and any(e["event"] == "start" for e in read_events(events))
+
+    wait_for(started, timeout=90, interval=0.2, what=f"task {first} to complete and {second} to run")
+    slurm.signal(second, "USR2", batch_only=True)
+    wait_for(lambda: (j := slurm.job(second)).pending and j.restart_count == 1, timeout=60, interval=0.2,
+             what=f"task {second} to be requeued")
+    kinds = [e["event"] for e in read_events(events)]
+    assert "requeuehold_done" in kinds, kinds
+    assert slurm.job(first).state == "COMPLETED", slurm.job(first)  # not requeued with it
