@@ -405,9 +405,7 @@ class Actor:
             return self.protocol.suspend(d.job_id)
         assert d.placement is not None, f"{d.action.value} without a placement"
         if d.action in (Action.START, Action.RESUME):
-            if until_free is not None:
-                return self.protocol.resume(d.job_id, d.placement, until_free=until_free)
-            return self.protocol.resume(d.job_id, d.placement)
+            return self.protocol.resume(d.job_id, d.placement, until_free=until_free)
         if d.action is Action.RESIZE:
             return self.protocol.resize(d.job_id, d.placement, on_stopped=on_stopped)
         return self.protocol.migrate(d.job_id, d.placement, on_stopped=on_stopped)
