@@ -311,6 +311,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still take the cluster down
     sizes = sorted(int(s) for s in args.sizes.split(","))
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="gandiva-bench-scale-"))
+    state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o755)  # the jobs read the cluster's files
     (state / "controller").mkdir(exist_ok=True)
     cluster = DevCluster(state / "cluster", port_base=args.port_base)

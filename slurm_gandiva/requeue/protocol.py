@@ -259,6 +259,9 @@ class _Run:
         self.job_id = job_id
         self.op = op
         self.steps: list[StepRecord] = []
+        # The job as read once it was admin-held: nothing but the controller changes it after that, so the
+        # resume half of a move starts from it instead of reading it again.
+        self.held: SlurmJob | None = None
 
     def _emit(self, step: Step, kind: StepEventKind, seconds: float = 0.0, detail: str = "") -> None:
         if self.proto.journal is not None:
@@ -293,6 +296,13 @@ class _Run:
 CREDENTIAL_MARGIN_S = 0.25
 # A job held back by a begin time is released this long before it, so that slurmctld's next tick runs it.
 RELEASE_LEAD_S = 0.2
+# slurmctld's periodic pass runs at each whole second, but reads the time with time(), the kernel's coarse
+# clock, which is a few milliseconds behind then: the pass at the begin time's own second mostly still sees
+# the second before and skips the job, and no pass follows until something asks for one (the backfill pass,
+# bf_interval: 30 s by default). So a job not running this long after its begin time gets a no-op update
+# (starttime=now: a successful update asks for the next pass), again every NUDGE_EVERY_S while it waits.
+NUDGE_AFTER_S = 0.05
+NUDGE_EVERY_S = 1.0
 
 
 class RequeueProtocol:
@@ -356,8 +366,15 @@ class RequeueProtocol:
     def files(self, job_id: str) -> JobFiles | None:
         return JobFiles(self.jobs_root / job_id) if self.jobs_root is not None else None
 
-    def _wait(self, job_id: str, done: Callable[[SlurmJob], bool], timeout: float) -> tuple[SlurmJob, bool]:
-        """Poll the job until `done` or a finished state; returns the last view and whether it got there."""
+    def _wait(
+        self,
+        job_id: str,
+        done: Callable[[SlurmJob], bool],
+        timeout: float,
+        between: Callable[[], None] | None = None,
+    ) -> tuple[SlurmJob, bool]:
+        """Poll the job until `done` or a finished state; returns the last view and whether it got there.
+        `between` runs after each read that is not the last."""
         deadline = self.clock() + timeout
         while True:
             job = self.read_job(job_id)
@@ -365,6 +382,8 @@ class RequeueProtocol:
                 return job, done(job)
             if self.clock() >= deadline:
                 return job, False
+            if between is not None:
+                between()
             self.sleep(self.poll_interval)
 
     # -- suspend -----------------------------------------------------------------------------------
@@ -392,10 +411,9 @@ class RequeueProtocol:
         before = _file_id(files.status) if files is not None else None
         signalled = False
         if ph is Phase.RUNNING:
-            job = self._signal(run)
+            self._signal(run)
             signalled = True
-            if job.finished:
-                return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
+            # The wait's first read is the one that tells whether the job finished as the signal came.
             job, ok = self._wait_requeue(run, self.suspend_timeout)
             if job.finished:
                 return self._finished(run, job, files, before)
@@ -443,7 +461,7 @@ class RequeueProtocol:
             )
         return run.result(outcome, detail=detail)
 
-    def _signal(self, run: _Run) -> SlurmJob:
+    def _signal(self, run: _Run) -> None:
         """Signal the batch shell; retries while Slurm refuses because the job is still starting."""
         deadline = self.clock() + self.requeue_timeout
 
@@ -463,7 +481,6 @@ class RequeueProtocol:
                     self.sleep(self.poll_interval)
 
         run.do(Step.SIGNAL, act)
-        return self.read_job(run.job_id)
 
     def _wait_requeue(self, run: _Run, timeout: float) -> tuple[SlurmJob, bool]:
         box: list[tuple[SlurmJob, bool]] = []
@@ -541,12 +558,14 @@ class RequeueProtocol:
 
     def _admin_hold(self, run: _Run, job: SlurmJob) -> None:
         if job.hold is HoldKind.ADMIN:
+            run.held = job
             run.skip(Step.ADMIN_HOLD, "already admin-held")
             return
 
         def act() -> str:
             self.backend.hold(run.job_id)
             j = self.read_job(run.job_id)
+            run.held = j
             if j.hold is not HoldKind.ADMIN and not j.finished:
                 raise ProtocolError(
                     f"job {run.job_id} is not admin-held after scontrol hold ({j.reason}); "
@@ -571,11 +590,15 @@ class RequeueProtocol:
         return self._resume(_Run(self, job_id, Op.RESUME), placement, until_free)
 
     def _resume(
-        self, run: _Run, placement: Placement, until_free: Callable[[], None] | None = None
+        self,
+        run: _Run,
+        placement: Placement,
+        until_free: Callable[[], None] | None = None,
+        known: SlurmJob | None = None,
     ) -> OpResult:
         _check_placement(placement)
         job_id = run.job_id
-        job = self.read_job(job_id)
+        job = known if known is not None else self.read_job(job_id)
         ph = phase(job)
         if ph is Phase.FINISHED:
             return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
@@ -629,12 +652,23 @@ class RequeueProtocol:
         if until_free is not None:
             self._until_free(run, until_free)
         box: list[SlurmJob] = []
+        nudges = [0]
+        next_nudge = [begin + NUDGE_AFTER_S if begin is not None else math.inf]
+
+        def nudge() -> None:
+            if self.wall() < next_nudge[0]:
+                return
+            next_nudge[0] = self.wall() + NUDGE_EVERY_S
+            with contextlib.suppress(SlurmError):  # it may have started meanwhile
+                self.backend.update(job_id, starttime="now")
+                nudges[0] += 1
 
         def wait_running() -> str:
-            j, ok = self._wait(job_id, lambda j: phase(j) is Phase.RUNNING, self.start_timeout)
+            j, ok = self._wait(job_id, lambda j: phase(j) is Phase.RUNNING, self.start_timeout, nudge)
             box.append(j)
             if ok:
-                return f"RUNNING on {','.join(j.nodes)}"
+                asked = f" (after {nudges[0]} no-op update(s) to ask slurmctld for a pass)" if nudges[0] else ""
+                return f"RUNNING on {','.join(j.nodes)}{asked}"
             if j.finished:
                 return f"finished: {j.state}"
             # Do not leave it free to start later where the controller no longer expects it.
@@ -741,7 +775,7 @@ class RequeueProtocol:
             escalated = False
         if on_stopped is not None:
             on_stopped()
-        res = self._resume(run, placement)
+        res = self._resume(run, placement, known=run.held)
         if escalated and res.outcome is Outcome.RUNNING:
             return OpResult(
                 job_id,

@@ -286,13 +286,19 @@ def test_wrapper_runs_one_child_per_gpu_and_forwards_the_signal(tmp_path: Path) 
     assert status["outcome"] == "suspended" and status["gpus"] == ["1", "3"] and status["child_exit_codes"] == [75, 75]
 
 
-def test_wrapper_requeue_holds_inside_slurm_and_survives_a_failing_scontrol(tmp_path: Path) -> None:
+def _failing_scontrol(tmp_path: Path, also: str = "") -> tuple[Path, Path]:
+    """A bin dir with an `scontrol` that logs its arguments to the returned file, runs `also`, and fails."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     calls = tmp_path / "calls"
     fake = bindir / "scontrol"
-    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "scontrol: error: Invalid job id" >&2\nexit 1\n')
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n{also}\nexit 1\n')
     fake.chmod(0o755)
+    return bindir, calls
+
+
+def test_wrapper_requeue_holds_inside_slurm_and_survives_a_failing_scontrol(tmp_path: Path) -> None:
+    bindir, calls = _failing_scontrol(tmp_path, 'echo "scontrol: error: Invalid job id" >&2')
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_GPUS": "0,2", "PATH": f"{bindir}:{os.environ['PATH']}"}
     rc, files, out = run_fake(tmp_path, env, signal_it=True)
     assert rc == ExitCode.SUSPENDED, out
@@ -389,12 +395,7 @@ def test_an_array_task_requeue_holds_itself_by_array_and_task_id(tmp_path: Path)
     """A task's numeric id can be its array's id (the array's record ends as one of its tasks), and
     `scontrol requeuehold ARRAY_ID` requeues every task of the array, cancelled and completed ones too (seen
     in CI: a cancelled task ran again). The wrapper names its task as ARRAY_TASK."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    calls = tmp_path / "calls"
-    fake = bindir / "scontrol"
-    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 1\n')
-    fake.chmod(0o755)
+    bindir, calls = _failing_scontrol(tmp_path)
     env = {"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "11", "SLURM_JOB_GPUS": "0,1",
            "PATH": f"{bindir}:{os.environ['PATH']}"}
     rc, files, out = run_fake(tmp_path, env, signal_it=True)

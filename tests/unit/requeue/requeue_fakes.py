@@ -71,6 +71,7 @@ class FakeJob:
     shared: bool = False
     restart_count: int = 0
     begin: float = 0.0
+    asked: float = float("-inf")  # when a release or update last asked slurmctld for a scheduling pass
     end: float = 0.0  # when its last incarnation stopped (Slurm's EndTime)
     req_node: str = "n1"
     req_gres: str = "gpu:2"  # what Slurm shows as TresPerNode (the last update's text)
@@ -99,6 +100,10 @@ class FakeSlurm:
     released_at: dict[str, float] = field(default_factory=dict)  # job id -> clock at its last release
     lua_refuses: bool = False
     auto_tick: float = 0.0  # > 0: every job() call advances the fake clock (for code that sleeps for real)
+    # slurmctld's passes read time() (the coarse clock): the pass in a begin time's own second skips the job,
+    # and a job waiting for its begin time starts only in a pass asked for (release / update) after it.
+    coarse_passes: bool = False
+    log_reads: bool = False  # job() calls go into `calls` as ("job", id, "")
     caps: SlurmCapabilities = SLURM_22_05
 
     def __post_init__(self) -> None:
@@ -139,7 +144,7 @@ class FakeSlurm:
                     self.write_status(j.job_id, "done")
                     j.state, j.reason, j.gpus = "COMPLETED", "None", ()
             if j.state == "PENDING" and j.hold is HoldKind.NONE:
-                if now < j.begin:
+                if now < j.begin or (self.coarse_passes and j.asked < j.begin):
                     j.reason = "BeginTime"
                     continue
                 busy = {
@@ -190,6 +195,8 @@ class FakeSlurm:
     def job(self, job_id: str) -> SlurmJob:
         if self.auto_tick:
             self.clock.sleep(self.auto_tick)
+        if self.log_reads:
+            self.calls.append(("job", job_id, ""))
         j = self._get(job_id)
         running = j.state == "RUNNING"
         held = {n: j.gpus for n in j.node.split(",")} if running and j.gpus else {}  # per-node gres: same GPUs
@@ -240,12 +247,15 @@ class FakeSlurm:
         self._admin("release")
         j = self._get(job_id)
         self.released_at[job_id] = self.clock.t
-        j.hold, j.reason = HoldKind.NONE, "None"
+        j.hold, j.reason, j.asked = HoldKind.NONE, "None", self.clock.t
 
     def update(self, job_id: str, **fields: str) -> None:
         self.calls.append(("update", job_id, " ".join(f"{k}={v}" for k, v in sorted(fields.items()))))
         self._admin("update")
         j = self._get(job_id)
+        if j.state != "PENDING":
+            raise InvalidRequest(f"job {job_id}: Job is no longer pending execution")
+        j.asked = self.clock.t
         if "gres" in fields:
             try:
                 j.req = replace_gres(j.req, parse_gres(fields["gres"]), self.caps)

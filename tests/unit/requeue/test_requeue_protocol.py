@@ -352,6 +352,33 @@ def test_a_job_back_on_the_node_it_left_begins_only_after_its_old_credential_lap
     assert (res.step(Step.CLEAR_BEGIN) or pytest.fail()).detail == "starttime=now"
 
 
+def test_a_job_that_slurmctlds_pass_skips_at_its_begin_time_is_asked_for_again(
+    proto: RequeueProtocol, slurm: FakeSlurm, clock: FakeClock
+) -> None:
+    """slurmctld's pass at a begin time's own second reads the coarse clock, still a second behind, and skips
+    the job; no pass follows unless asked for. The protocol asks with a no-op update after the begin time."""
+    slurm.coarse_passes = True
+    slurm.add(FakeJob("7", node="n1", gpus=(0,), req_gres="gpu:g0:1"))
+    clock.t = 1000.6
+    res = proto.migrate("7", place("n1", 1))
+    assert res.outcome is Outcome.RUNNING
+    assert "no-op update" in (res.step(Step.WAIT_RUNNING) or pytest.fail()).detail
+    begin_at = slurm.jobs_["7"].begin
+    nudges = [c for c in slurm.called("update") if c[2] == "starttime=now"]
+    assert nudges and slurm.jobs_["7"].asked >= begin_at
+
+
+def test_a_moves_resume_half_starts_from_the_admin_held_view(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    """Once admin-held only the controller changes the job: the resume half does not read it again (each
+    read waits for a shared squeue); the admin hold's own check is the last read before the new placement."""
+    slurm.add(FakeJob("7", node="n1", gpus=(0, 1)))
+    slurm.log_reads = True
+    assert proto.migrate("7", place("n2", 0, 1)).outcome is Outcome.RUNNING
+    kinds = [c[0] for c in slurm.calls]
+    hold = kinds.index("hold")
+    assert kinds[hold + 1 : kinds.index("update", hold)] == ["job"]
+
+
 def test_a_move_to_another_node_may_begin_at_once(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
     """The new node's slurmd never saw the job's old credential: nothing to wait for."""
     slurm.add(FakeJob("7", node="n1", gpus=(0,), req_gres="gpu:g0:1"))
