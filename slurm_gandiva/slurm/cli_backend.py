@@ -19,7 +19,7 @@ from slurm_gandiva.errors import (
     SlurmUnreachable,
     UnknownJob,
 )
-from slurm_gandiva.slurm import parse
+from slurm_gandiva.slurm import parse, scontrol_text
 from slurm_gandiva.slurm.base import SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
@@ -59,6 +59,9 @@ _FINGERPRINT = (
 )
 # Above this share of changed jobs one unfiltered squeue --json is cheaper than a long --jobs= list.
 _FULL_READ_SHARE = 0.25
+# Where squeue --json ignores --jobs (22.05), one `scontrol show job ID` costs about as much as this many jobs
+# of an unfiltered squeue --json: fewer jobs than that per id in the queue, and everything is read as JSON.
+_TEXT_READ_JOBS = 40
 
 
 def _classify(what: str, stderr: str, rc: int) -> SlurmError:
@@ -175,9 +178,17 @@ class CliBackend:
             return self._read_all(None)
         changed = [rid for rid, line in listing.items() if self._known.get(rid, ("",))[0] != line]
         if changed:
-            if not self.capabilities().squeue_json_filters or len(changed) > _FULL_READ_SHARE * len(listing):
+            if len(changed) > _FULL_READ_SHARE * len(listing):
                 return self._read_all(listing)
-            records = self._squeue_records(f"--jobs={','.join(changed)}")
+            if self.capabilities().squeue_json_filters:
+                records = self._squeue_records(f"--jobs={','.join(changed)}")
+            elif len(changed) * _TEXT_READ_JOBS < len(listing):
+                found = self._text_records(changed)
+                if found is None:
+                    return self._read_all(listing)
+                records = found
+            else:
+                return self._read_all(listing)
             fresh = {rid: rec for rid, rec in records.items() if rid in listing}
             if not fresh.keys() >= set(changed):  # gone between the two calls: one consistent read instead
                 return self._read_all(None)
@@ -242,24 +253,55 @@ class CliBackend:
         except parse.ParseError as exc:
             raise SlurmError(f"{exc}: report this with your Slurm version (`squeue --version`)") from None
 
+    def _text_records(self, job_ids: Iterable[str]) -> dict[str, Mapping[str, Any]] | None:
+        """`scontrol show job -d -o ID` for each id, as squeue --json records by Slurm's job id (an id Slurm
+        does not know adds none; an array's id adds its tasks); None if a record cannot be read (a job's
+        free-text fields can make it ambiguous: `scontrol_text`), and the caller reads JSON instead."""
+        found: dict[str, Mapping[str, Any]] = {}
+        for jid in job_ids:
+            try:
+                out = self._run(["scontrol", "show", "job", "-d", "-o", _job_id(jid)], f"scontrol show job {jid}")
+            except UnknownJob:
+                continue
+            try:
+                found.update(scontrol_text.records(out))
+            except parse.ParseError:
+                return None
+        return found
+
+    def _per_id_reads(self, count: int) -> bool:
+        """Whether `count` jobs are cheaper read one `scontrol show job` each than by one whole-queue squeue
+        --json, where squeue --json ignores --jobs (the queue's size as of the last snapshot)."""
+        return not self.capabilities().squeue_json_filters and count * _TEXT_READ_JOBS < len(self._known)
+
     def job(self, job_id: str) -> SlurmJob:
         job_id = _job_id(job_id)
-        # 22.05's squeue --json ignores --jobs and prints every job anyway.
-        found = self._squeue(f"--jobs={job_id}") if self.capabilities().squeue_json_filters else self.jobs()
+        if self.capabilities().squeue_json_filters:
+            found = self._squeue(f"--jobs={job_id}")
+        else:
+            # 22.05's squeue --json ignores --jobs and prints every job: scontrol reads the one.
+            records = self._text_records([job_id])
+            found = self._parse_records(list(records.values())) if records is not None else self.jobs()
         for j in found:
             if j.job_id == job_id:
                 return j
         raise UnknownJob(f"job {job_id} not found: check the id with `squeue` (finished jobs vanish after MinJobAge)")
 
     def read_jobs(self, job_ids: Iterable[str]) -> dict[str, SlurmJob]:
-        """Several jobs with one squeue --json (every job on 22.05, whose squeue --json ignores --jobs); the
-        ids Slurm does not know are left out. A filter naming an unknown job may answer for none."""
+        """Several jobs with one squeue --json; the ids Slurm does not know are left out. A filter naming an
+        unknown job may answer for none. Where squeue --json ignores --jobs (22.05) and lists every job, a few
+        jobs of a long queue are read with one `scontrol show job` each instead."""
         want = {_job_id(j) for j in job_ids}
         if not want:
             return {}
+        found: tuple[SlurmJob, ...] | None = None
         if self.capabilities().squeue_json_filters:
             found = self._squeue(f"--jobs={','.join(sorted(want))}")
-        else:
+        elif self._per_id_reads(len(want)):
+            records = self._text_records(sorted(want))
+            if records is not None:
+                found = self._parse_records(list(records.values()))
+        if found is None:
             found = self.jobs()
         return {j.job_id: j for j in found if j.job_id in want}
 

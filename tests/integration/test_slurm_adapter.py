@@ -294,3 +294,35 @@ def test_coalesced_reads_give_each_thread_its_own_job(
     assert reads.queries < 3 * (len(ids) + 1), "every read made a query of its own"
     if isinstance(slurm, ReadsJobs):
         assert set(slurm.read_jobs([*ids, unknown])) == set(ids)
+
+
+def test_scontrol_show_job_reads_as_squeue_json_does(
+    slurm_cluster: DevCluster, slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]
+) -> None:
+    """Where squeue --json ignores --jobs (22.05) single jobs are read from `scontrol show job -d -o`: on every
+    release, for a job on two GPUs with spaces in its name and comment, an array's waiting tasks and a running
+    task on a shard, a job across two nodes and a held job, that reader must give what squeue --json gives."""
+    from slurm_gandiva.slurm.cli_backend import CliBackend
+
+    cli = CliBackend(slurm_cluster.env)
+    sleep = "#!/bin/bash\nsleep 120\n"
+    a = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g1:1,gpu:g2:1", "-w", "n1", "-J", "my job",
+               "--comment", "gandiva x", script=sleep)
+    aid = submit(slurm, job_dir, cleanup_jobs, "--hold", "--array=0-5%2", "--gres=shard:g0:1", script=sleep)
+    wide = submit(slurm, job_dir, cleanup_jobs, "-N", "2", "--gres=gpu:g3:1", script=sleep)
+    held = submit(slurm, job_dir, cleanup_jobs, "--hold", "--gres=gpu:g0:1", script=sleep)
+    slurm.release(f"{aid}_1")
+    for jid in (a, f"{aid}_1", wide):
+        wait_for(lambda jid=jid: running(slurm, jid), what=f"job {jid} running")
+    by_json = {j.job_id: j for j in cli.jobs()}
+    for jid in (a, f"{aid}_0", f"{aid}_3", f"{aid}_1", wide, held):
+        records = cli._text_records([jid])
+        assert records is not None, f"scontrol show job {jid} could not be read"
+        by_text = {j.job_id: j for j in cli._parse_records(list(records.values()))}
+        got, want = by_text[jid], by_json[jid]
+        assert gres_request(got.tres_per_node) == gres_request(want.tres_per_node), jid
+        fields = ("job_id", "name", "user", "state", "reason", "hold", "nodes", "gpus", "shards", "restart_count",
+                  "comment", "partition", "submit_time", "end_time", "work_dir", "min_cpus_per_node",
+                  "array_id", "array_max_tasks")  # not std_out: scontrol expands %j (as pyslurm does)
+        assert {f: getattr(got, f) for f in fields} == {f: getattr(want, f) for f in fields}, jid
+    assert by_json[a].name == "my job" and by_json[a].comment == "gandiva x"

@@ -31,6 +31,16 @@ class FakeSlurm:
     def run(self, argv: Sequence[str], what: str, **_kw: Any) -> str:
         if argv[0] == "sinfo":
             return json.dumps({"nodes": [], "errors": []})
+        if list(argv[:5]) == ["scontrol", "show", "job", "-d", "-o"]:
+            self.calls.append(" ".join(argv))
+            r = self.jobs.get(int(argv[5]))
+            if r is None:
+                raise UnknownJob(f"scontrol show job {argv[5]}: Invalid job id specified")
+            return (
+                f"JobId={r['job_id']} JobName=x UserId=alice(1000) Priority=0 JobState={r['job_state']} "
+                f"Reason={r['state_reason']} Restarts={r.get('restart_cnt', 0)} ExitCode=0:0 NodeList= "
+                "MinCPUsNode=1\n"
+            )
         assert argv[0] == "squeue", argv
         self.calls.append(" ".join(argv[1:]))
         if any(a.startswith("--Format=") for a in argv):
@@ -132,6 +142,27 @@ def test_where_squeue_json_ignores_filters_every_change_reads_everything(monkeyp
     fake.jobs[5]["job_state"] = "RUNNING"
     assert states(b.snapshot().jobs)["5"] == "RUNNING"
     assert json_calls(fake) == ["--json --states=all"]
+
+
+def test_where_squeue_json_ignores_filters_a_few_changes_of_a_long_queue_are_read_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """22.05: one `scontrol show job` per changed job when the queue is long (squeue --json would print it all)."""
+    fake = FakeSlurm(release=(22, 5, 8))
+    for jid in range(1, 201):
+        fake.add(jid)
+    b = backend(fake, monkeypatch)
+    b.snapshot()
+    fake.calls.clear()
+    fake.jobs[5]["job_state"] = "RUNNING"
+    fake.jobs[9]["restart_cnt"] = 1
+    snap = b.snapshot()
+    assert states(snap.jobs)["5"] == "RUNNING" and len(snap.jobs) == 200
+    assert json_calls(fake) == []
+    assert sorted(c for c in fake.calls if c.startswith("scontrol")) == [
+        "scontrol show job -d -o 5",
+        "scontrol show job -d -o 9",
+    ]
 
 
 def test_an_unreadable_listing_line_falls_back_to_json(monkeypatch: pytest.MonkeyPatch) -> None:

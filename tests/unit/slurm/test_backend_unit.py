@@ -55,6 +55,11 @@ def calls(log: Path) -> list[str]:
     return [c for c in lines if c != "scontrol show config"]
 
 
+def scontrol_changes(log: Path) -> list[str]:
+    """The scontrol commands run that change something (not `scontrol show`)."""
+    return [c for c in calls(log) if c.startswith("scontrol") and not c.startswith("scontrol show")]
+
+
 def squeue_json(*jobs: dict[str, object]) -> str:
     return json.dumps({"jobs": list(jobs), "errors": []})
 
@@ -156,32 +161,50 @@ def test_cancel_of_a_finished_job_is_fine(fake: Path, monkeypatch: pytest.Monkey
 
 
 def test_job_lookup(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_OUT_squeue", squeue_json({"job_id": 3, "job_state": "RUNNING"}))
+    report(monkeypatch, 3, "RUNNING")
     assert CliBackend().job("3").running
     with pytest.raises(UnknownJob):
         CliBackend().job("4")
 
 
-def pending(tres: str) -> str:
-    return squeue_json({"job_id": 7, "job_state": "PENDING", "state_reason": "JobHeldAdmin", "tres_per_node": tres})
+def scontrol_line(job_id: int, state: str, reason: str = "None", tres: str = "") -> str:
+    """A `scontrol show job -d -o` line as 22.05 prints it (the reader 22.05 gets single jobs from)."""
+    return (
+        f"JobId={job_id} JobName=train UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A Priority=0 Nice=0 "
+        f"Account=(null) QOS=(null) JobState={state} Reason={reason} Dependency=(null) Requeue=1 Restarts=0 "
+        "BatchFlag=1 Reboot=0 ExitCode=0:0 SubmitTime=2026-11-26T14:33:01 StartTime=Unknown EndTime=Unknown "
+        "Partition=gpu ReqNodeList=(null) ExcNodeList=(null) NodeList= NumNodes=1 MinCPUsNode=1 WorkDir=/home/alice "
+        f"StdOut=/home/alice/out" + (f" TresPerNode={tres}" if tres else "") + "\n"
+    )
+
+
+def report(monkeypatch: pytest.MonkeyPatch, job_id: int, state: str, reason: str = "None", tres: str = "") -> None:
+    """The fake squeue --json and scontrol show job both describe this one job."""
+    fields = {"job_id": job_id, "job_state": state, "state_reason": reason, "tres_per_node": tres}
+    monkeypatch.setenv("FAKE_OUT_squeue", squeue_json(fields))
+    monkeypatch.setenv("FAKE_OUT_scontrol", scontrol_line(job_id, state, reason, tres))
+
+
+def pending(monkeypatch: pytest.MonkeyPatch, tres: str) -> None:
+    report(monkeypatch, 7, "PENDING", "JobHeldAdmin", tres)
 
 
 def test_gpu_gres_change_clears_first(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The fake squeue always reports the new gres afterwards only if we point it there; report the target.
-    monkeypatch.setenv("FAKE_OUT_squeue", pending("gres:gpu:g1:1"))
+    pending(monkeypatch, "gres:gpu:g1:1")
     b = CliBackend()
     with pytest.raises(SlurmError, match="do not release"):  # the fake still says g1 afterwards
         b.update("7", gres="gpu:g2:1,gpu:g3:1")
-    assert [c for c in calls(fake) if c.startswith("scontrol")] == [
+    assert scontrol_changes(fake) == [
         "scontrol update jobid=7 TresPerNode=",
         "scontrol update jobid=7 gres=gpu:g2:1,gpu:g3:1",
     ]
 
 
 def test_gres_change_to_the_same_gres_is_a_no_op(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_OUT_squeue", pending("gres:gpu:g2:1,gres:gpu:g3:1"))
+    pending(monkeypatch, "gres:gpu:g2:1,gres:gpu:g3:1")
     CliBackend().update("7", gres="gpu:g3:1,gpu:g2:1")
-    assert not [c for c in calls(fake) if c.startswith("scontrol")]
+    assert not scontrol_changes(fake)
 
 
 @pytest.mark.parametrize(
@@ -195,24 +218,24 @@ def test_gres_change_to_the_same_gres_is_a_no_op(fake: Path, monkeypatch: pytest
 def test_gres_changes_slurm_gets_wrong_are_refused(
     fake: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str, match: str
 ) -> None:
-    monkeypatch.setenv("FAKE_OUT_squeue", pending(old))
+    pending(monkeypatch, old)
     with pytest.raises(InvalidRequest, match=match):
         CliBackend().update("7", gres=new)
-    assert not [c for c in calls(fake) if c.startswith("scontrol")]
+    assert not scontrol_changes(fake)
 
 
 def test_gres_change_needs_a_pending_job(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_OUT_squeue", squeue_json({"job_id": 7, "job_state": "RUNNING", "tres_per_node": ""}))
+    report(monkeypatch, 7, "RUNNING")
     with pytest.raises(InvalidRequest, match="hold it"):
         CliBackend().update("7", gres="gpu:g0:1")
 
 
 def test_failed_gres_set_restores_the_old_gres(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_OUT_squeue", pending("gres:gpu:g1:1,gres:gpu:g3:1"))
+    pending(monkeypatch, "gres:gpu:g1:1,gres:gpu:g3:1")
     monkeypatch.setenv("FAKE_FAIL_MATCH", "gres=gpu:g9")
     with pytest.raises(InvalidRequest, match="Invalid generic resource"):
         CliBackend().update("7", gres="gpu:g9:1")
-    assert [c for c in calls(fake) if c.startswith("scontrol")] == [
+    assert scontrol_changes(fake) == [
         "scontrol update jobid=7 TresPerNode=",
         "scontrol update jobid=7 gres=gpu:g9:1",
         "scontrol update jobid=7 gres=gpu:g1:1,gpu:g3:1",
@@ -242,9 +265,22 @@ def test_job_lookup_uses_squeue_filters_where_slurm_honours_them(fake: Path, mon
     assert CliBackend().job("3").running
     assert "squeue --json --states=all --jobs=3" in calls(fake)
     monkeypatch.setenv("FAKE_SLURM_VERSION", "22.05.8")
+    monkeypatch.setenv("FAKE_OUT_scontrol", scontrol_line(3, "RUNNING"))
     fake.unlink()
     assert CliBackend().job("3").running
-    assert calls(fake) == ["squeue --json --states=all"]  # 22.05 ignores --jobs: one call lists every job
+    # 22.05's squeue --json ignores --jobs (it would list every job): scontrol reads the one job.
+    assert calls(fake) == ["scontrol show job -d -o 3"]
+
+
+def test_a_22_05_job_scontrol_cannot_read_unambiguously_is_read_from_json(
+    fake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_OUT_squeue", squeue_json({"job_id": 3, "job_state": "RUNNING", "name": "x"}))
+    forged = scontrol_line(3, "RUNNING").replace("JobName=train", "JobName=x JobState=X")
+    monkeypatch.setenv("FAKE_OUT_scontrol", forged)
+    job = CliBackend().job("3")
+    assert job.running and job.name == "x"
+    assert calls(fake) == ["scontrol show job -d -o 3", "squeue --json --states=all"]
 
 
 @pytest.mark.parametrize(("old", "new"), [("gres/gpu:g1:1", "shard:g1:1"), ("gres/shard:g1:1", "gpu:g2:1"),
@@ -253,7 +289,20 @@ def test_gres_changes_are_one_update_where_slurm_replaces_and_switches(
     fake: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str
 ) -> None:
     monkeypatch.setenv("FAKE_SLURM_VERSION", "24.11.5")
-    monkeypatch.setenv("FAKE_OUT_squeue", pending(old))
+    pending(monkeypatch, old)
     with pytest.raises(SlurmError, match="do not release"):  # the fake still reports the old gres afterwards
         CliBackend().update("7", gres=new)
-    assert [c for c in calls(fake) if c.startswith("scontrol")] == [f"scontrol update jobid=7 gres={new}"]
+    assert scontrol_changes(fake) == [f"scontrol update jobid=7 gres={new}"]
+
+
+def test_22_05_reads_a_few_jobs_of_a_long_queue_one_scontrol_each(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """22.05's squeue --json lists every job whatever the filter (6 s at 10,000 jobs): a few jobs of a long queue
+    are read with one `scontrol show job` each, a short queue (or many of its jobs) with one squeue --json."""
+    report(monkeypatch, 3, "RUNNING")
+    b = CliBackend()
+    assert set(b.read_jobs(["3"])) == {"3"} and calls(fake) == ["squeue --json --states=all"]  # queue unknown
+    fake.unlink()
+    b._known = {str(i): ("", ()) for i in range(1000)}  # as the last snapshot saw it
+    assert set(b.read_jobs(["3"])) == {"3"} and calls(fake) == ["scontrol show job -d -o 3"]
+    fake.unlink()
+    assert set(b.read_jobs([str(i) for i in range(3, 40)])) == {"3"} and calls(fake) == ["squeue --json --states=all"]
