@@ -52,6 +52,8 @@ _ORDER = {
         )
     )
 }
+# A reason as job_reason_string() names it ("JobHeldAdmin", "None"), not a description.
+_REASON = re.compile(r"[A-Z][A-Za-z0-9]*")
 _KEY_WORD = re.compile(r"([A-Za-z_][A-Za-z0-9_/:]*)=(.*)", re.S)
 
 
@@ -122,6 +124,11 @@ def record(line: str) -> dict[str, Any]:
     missing = [k for k in _REQUIRED if k not in single]
     if missing:
         raise ParseError(f"scontrol show job printed no {', '.join(missing)}")
+    if not _REASON.fullmatch(single["Reason"]):
+        # scontrol prints the description slurmctld set in place of the reason ("job_requeued_in_held_state"
+        # stays when `scontrol hold` makes a requeue-held job's JobHeldUser a JobHeldAdmin): the hold's kind
+        # cannot be told from it.
+        raise ParseError(f"scontrol show job printed a description, not a reason: {single['Reason'][:40]!r}")
     nodes = expand_hostlist(_plain(single["NodeList"]))
     gres_of: dict[str, str] = {}
     for hosts, gres in per_node:

@@ -13,6 +13,7 @@ from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, SlurmUnreachable, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK
+from slurm_gandiva.requeue.protocol import is_held
 from slurm_gandiva.slurm import make_backend, placement_gres
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SubmitRequest
 from slurm_gandiva.slurm.cli_backend import _classify
@@ -311,18 +312,29 @@ def test_scontrol_show_job_reads_as_squeue_json_does(
     aid = submit(slurm, job_dir, cleanup_jobs, "--hold", "--array=0-5%2", "--gres=shard:g0:1", script=sleep)
     wide = submit(slurm, job_dir, cleanup_jobs, "-N", "2", "--gres=gpu:g3:1", script=sleep)
     held = submit(slurm, job_dir, cleanup_jobs, "--hold", "--gres=gpu:g0:1", script=sleep)
+    stopped = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g0:1", "-w", "n2", script=sleep)
     slurm.release(f"{aid}_1")
-    for jid in (a, f"{aid}_1", wide):
+    for jid in (a, f"{aid}_1", wide, stopped):
         wait_for(lambda jid=jid: running(slurm, jid), what=f"job {jid} running")
+    # Requeue-held, then admin-held: slurmctld keeps its description, which scontrol prints as the reason.
+    slurm.requeue_hold(stopped)
+    wait_for(lambda: (j := slurm.job(stopped)).pending and is_held(j), what="requeue-held")
+    slurm.hold(stopped)
     by_json = {j.job_id: j for j in cli.jobs()}
-    for jid in (a, f"{aid}_0", f"{aid}_3", f"{aid}_1", wide, held):
+    fields = ("job_id", "name", "user", "state", "reason", "hold", "nodes", "gpus", "shards", "restart_count",
+              "comment", "partition", "submit_time", "end_time", "work_dir", "min_cpus_per_node",
+              "array_id", "array_max_tasks")  # not std_out: scontrol expands %j (as pyslurm does)
+
+    def same(got: SlurmJob, want: SlurmJob) -> None:
+        assert gres_request(got.tres_per_node) == gres_request(want.tres_per_node), want.job_id
+        assert {f: getattr(got, f) for f in fields} == {f: getattr(want, f) for f in fields}, want.job_id
+
+    for jid in (a, f"{aid}_0", f"{aid}_3", f"{aid}_1", wide, held, stopped):
         records = cli._text_records([jid])
-        assert records is not None, f"scontrol show job {jid} could not be read"
-        by_text = {j.job_id: j for j in cli._parse_records(list(records.values()))}
-        got, want = by_text[jid], by_json[jid]
-        assert gres_request(got.tres_per_node) == gres_request(want.tres_per_node), jid
-        fields = ("job_id", "name", "user", "state", "reason", "hold", "nodes", "gpus", "shards", "restart_count",
-                  "comment", "partition", "submit_time", "end_time", "work_dir", "min_cpus_per_node",
-                  "array_id", "array_max_tasks")  # not std_out: scontrol expands %j (as pyslurm does)
-        assert {f: getattr(got, f) for f in fields} == {f: getattr(want, f) for f in fields}, jid
+        if records is None:  # refused: the reader cannot tell this job's hold (read as JSON instead)
+            assert jid == stopped, f"scontrol show job {jid} could not be read"
+        else:
+            same({j.job_id: j for j in cli._parse_records(list(records.values()))}[jid], by_json[jid])
+        same(cli.job(jid), by_json[jid])
+    assert by_json[stopped].hold is HoldKind.ADMIN
     assert by_json[a].name == "my job" and by_json[a].comment == "gandiva x"

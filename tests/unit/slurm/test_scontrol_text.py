@@ -78,6 +78,14 @@ def test_words_that_name_no_key_stay_in_the_value() -> None:
     assert jobs(line)["1"].name == "lr=0.1 bs=64"
 
 
+def test_a_description_in_place_of_the_reason_is_refused() -> None:
+    """A requeue-held job admin-held afterwards keeps slurmctld's description, which scontrol prints as its
+    Reason: an admin hold would read as the owner's."""
+    line = LINES[1].replace("Reason=JobHeldUser", "Reason=job_requeued_in_held_state")
+    with pytest.raises(parse.ParseError, match="description"):
+        scontrol_text.record(line)
+
+
 def test_a_line_without_the_keys_it_needs_is_refused() -> None:
     with pytest.raises(parse.ParseError):
         scontrol_text.record("JobId=5 JobName=x")
