@@ -32,7 +32,12 @@ _KEYS = frozenset(
     MinMemoryNode MinMemoryCPU MinTmpDiskNode Features DelayBoot OverSubscribe Contiguous Licenses Network
     Command WorkDir Comment AdminComment SystemComment StdErr StdIn StdOut Power TresPerNode TresPerJob
     TresPerTask TresPerSocket TresBind TresFreq CpusPerTres MemPerTres Reservation Prefer MailUser MailType
-    NtasksPerTRES CPUs_Per_Tres Container ContainerID Comment2 Extra ResvPort SegmentSize SLUID""",
+    NtasksPerTRES CPUs_Per_Tres Container ContainerID Comment2 Extra ResvPort SegmentSize SLUID AllocTRES
+    BatchFeatures BurstBuffer BurstBufferState CPUFreqReq ClusterFeatures CompletingTime ConsolidateSegments
+    CronJob CrontabSpec ExpeditedRequeue FailedNode FedActiveSiblings FedOrigin GresAllowTaskSharing
+    GresEnforceBind GresOneTaskPerSharing KillOnInvalidDependent Memory OOMKillStep ReqTRES ResizeTime ResvPorts
+    SELinuxContext SpreadJob SpreadSegments SrunHost:Pid StepMgrEnabled SubmitLine Switches ThreadSpec
+    TresPerStep""",
     )
 )
 # Printed once per node of the allocation, between JOB_GRES and MinCPUsNode.
@@ -80,7 +85,9 @@ def _plain(value: str) -> str:
 
 
 def _epoch(value: str) -> int:
-    """scontrol's local time "2026-11-26T14:33:01" -> Unix seconds; "Unknown" / "None" / "N/A" -> 0."""
+    """scontrol's local time "2026-11-26T14:33:01" -> Unix seconds; "Unknown" / "None" / "N/A" -> 0. (A job
+    without a time limit that runs has EndTime=Unknown, where squeue --json gives a date; the project reads a
+    job's end only once it has stopped.)"""
     try:
         return int(time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S")))
     except ValueError:

@@ -308,7 +308,7 @@ def test_scontrol_show_job_reads_as_squeue_json_does(
     cli = CliBackend(slurm_cluster.env)
     sleep = "#!/bin/bash\nsleep 120\n"
     a = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g1:1,gpu:g2:1", "-w", "n1", "-J", "my job",
-               "--comment", "gandiva x", script=sleep)
+               "--comment", "gandiva x", "--time=UNLIMITED", script=sleep)  # EndTime=Unknown in scontrol
     aid = submit(slurm, job_dir, cleanup_jobs, "--hold", "--array=0-5%2", "--gres=shard:g0:1", script=sleep)
     wide = submit(slurm, job_dir, cleanup_jobs, "-N", "2", "--gres=gpu:g3:1", script=sleep)
     held = submit(slurm, job_dir, cleanup_jobs, "--hold", "--gres=gpu:g0:1", script=sleep)
@@ -322,12 +322,14 @@ def test_scontrol_show_job_reads_as_squeue_json_does(
     slurm.hold(stopped)
     by_json = {j.job_id: j for j in cli.jobs()}
     fields = ("job_id", "name", "user", "state", "reason", "hold", "nodes", "gpus", "shards", "restart_count",
-              "comment", "partition", "submit_time", "end_time", "work_dir", "min_cpus_per_node",
+              "comment", "partition", "submit_time", "work_dir", "min_cpus_per_node",
               "array_id", "array_max_tasks")  # not std_out: scontrol expands %j (as pyslurm does)
 
     def same(got: SlurmJob, want: SlurmJob) -> None:
         assert gres_request(got.tres_per_node) == gres_request(want.tres_per_node), want.job_id
         assert {f: getattr(got, f) for f in fields} == {f: getattr(want, f) for f in fields}, want.job_id
+        # A running job without a time limit has EndTime=Unknown in scontrol; a past end must agree.
+        assert got.end_time == want.end_time or (got.end_time == 0 and want.end_time > time.time()), want.job_id
 
     for jid in (a, f"{aid}_0", f"{aid}_3", f"{aid}_1", wide, held, stopped):
         records = cli._text_records([jid])

@@ -48,6 +48,16 @@ def test_a_job_on_two_nodes_has_its_gpus_on_each() -> None:
     assert jobs(folded)["3"].gpus == {"n1": (3,), "n2": (3,)}
 
 
+def test_a_running_job_without_a_time_limit_has_no_end_yet() -> None:
+    """scontrol prints EndTime=Unknown for it (squeue --json a date): read as 0, not as a parse failure; and a
+    key scontrol prints only sometimes (ResizeTime) after it does not run into the date."""
+    line = LINES[0].replace("EndTime=2027-11-26T14:33:03 ", "EndTime=Unknown ")
+    assert line != LINES[0] and jobs(line)["1"].end_time == 0
+    end = "EndTime=2027-11-26T14:33:03 "
+    line = LINES[0].replace(end, end + "ResizeTime=2026-11-26T14:40:00 ")
+    assert jobs(line)["1"].end_time > 0
+
+
 def test_records_keys_them_by_slurms_job_id() -> None:
     assert sorted(scontrol_text.records("\n".join(LINES))) == ["1", "2", "3", "4"]
 
