@@ -86,10 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.is_world_process_zero():
         print(f"final_params_sha256={params_sha256(model)}", flush=True)
         print(f"steps={gandiva.job.step} samples={gandiva.job.samples}", file=sys.stderr)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # Left to the interpreter's exit, a rank's gloo threads can abort it ("terminate called without an
-        # active exception") while another rank is tearing its connections down.
-        torch.distributed.destroy_process_group()
     return 0
 
 
