@@ -182,13 +182,11 @@ class CliBackend:
                 return self._read_all(listing)
             if self.capabilities().squeue_json_filters:
                 records = self._squeue_records(f"--jobs={','.join(changed)}")
-            elif len(changed) * _TEXT_READ_JOBS < len(listing):
-                found = self._text_records(changed)
+            else:
+                found = self._text_records(changed) if self._per_id_reads(len(changed), len(listing)) else None
                 if found is None:
                     return self._read_all(listing)
                 records = found
-            else:
-                return self._read_all(listing)
             fresh = {rid: rec for rid, rec in records.items() if rid in listing}
             if not fresh.keys() >= set(changed):  # gone between the two calls: one consistent read instead
                 return self._read_all(None)
@@ -269,10 +267,10 @@ class CliBackend:
                 return None
         return found
 
-    def _per_id_reads(self, count: int) -> bool:
-        """Whether `count` jobs are cheaper read one `scontrol show job` each than by one whole-queue squeue
-        --json, where squeue --json ignores --jobs (the queue's size as of the last snapshot)."""
-        return not self.capabilities().squeue_json_filters and count * _TEXT_READ_JOBS < len(self._known)
+    def _per_id_reads(self, count: int, queue: int) -> bool:
+        """Whether `count` jobs of a queue of `queue` records are cheaper read one `scontrol show job` each
+        than by one whole-queue squeue --json, where squeue --json ignores --jobs."""
+        return not self.capabilities().squeue_json_filters and count * _TEXT_READ_JOBS < queue
 
     def job(self, job_id: str) -> SlurmJob:
         job_id = _job_id(job_id)
@@ -297,7 +295,7 @@ class CliBackend:
         found: tuple[SlurmJob, ...] | None = None
         if self.capabilities().squeue_json_filters:
             found = self._squeue(f"--jobs={','.join(sorted(want))}")
-        elif self._per_id_reads(len(want)):
+        elif self._per_id_reads(len(want), len(self._known)):  # the queue as of the last snapshot
             records = self._text_records(sorted(want))
             if records is not None:
                 found = self._parse_records(list(records.values()))
