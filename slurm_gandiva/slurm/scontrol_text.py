@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from slurm_gandiva.slurm.parse import ParseError, expand_hostlist
+from slurm_gandiva.slurm.parse import ParseError, expand_hostlist, number
 
 # The keys whose words the record is split at: every key scontrol prints for a job (22.05 to 26.05), so that
 # none is taken for part of a value. Unknown keys are never split at: their words join the value before.
@@ -149,9 +149,7 @@ def record(line: str) -> dict[str, Any]:
         "array_job_id": _int(single["ArrayJobId"], "ArrayJobId") if "ArrayJobId" in single else 0,
         "array_task_id": int(task) if task.isdigit() else None,
         "array_task_string": "" if task.isdigit() else task,
-        "array_max_tasks": int(single.get("ArrayTaskThrottle", "0") or 0)
-        if single.get("ArrayTaskThrottle", "0").isdigit()
-        else 0,
+        "array_max_tasks": number(single.get("ArrayTaskThrottle"), 0),
         "name": single["JobName"],
         "user_name": user.split("(", 1)[0],
         "job_state": single["JobState"],
@@ -171,7 +169,7 @@ def record(line: str) -> dict[str, Any]:
         "tres_per_node": _plain(single.get("TresPerNode", "")),
         "current_working_directory": _plain(single.get("WorkDir", "")),
         "standard_output": _plain(single.get("StdOut", "")),
-        "minimum_cpus_per_node": int(single["MinCPUsNode"]) if single.get("MinCPUsNode", "").isdigit() else 0,
+        "minimum_cpus_per_node": number(single.get("MinCPUsNode"), 0),
     }
 
 
