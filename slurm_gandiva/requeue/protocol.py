@@ -72,7 +72,7 @@ class Step(enum.Enum):
     WAIT_CHECKPOINT = "wait-checkpoint"  # the wrapper's fresh status.json says "suspended"
     ADMIN_HOLD = "admin-hold"  # scontrol hold: the owner can no longer release it
     SET_PLACEMENT = "set-placement"  # scontrol update nodelist=N gres=gpu:gK:1,...
-    CLEAR_BEGIN = "clear-begin"  # scontrol update starttime=now[+N] (requeue leaves ~120 s BeginTime)
+    CLEAR_BEGIN = "clear-begin"  # starttime=now+N, for a credential to lapse (else set with the placement)
     RELEASE = "release"  # scontrol release
     WAIT_FREE = "wait-free"  # released ahead: until the jobs that hold its GPUs have stopped (`resume`)
     WAIT_RUNNING = "wait-running"  # until RUNNING
@@ -262,6 +262,10 @@ class _Run:
         # The job as read once it was admin-held: nothing but the controller changes it after that, so the
         # resume half of a move starts from it instead of reading it again.
         self.held: SlurmJob | None = None
+        # Wall time just after the first read that showed the job stopped (requeued): Slurm revoked its
+        # credential before that read was answered, so the credential guard counts from here, not from the
+        # end of the operation (the checkpoint wait and the admin hold that follow can cross a second).
+        self.stopped_at: float | None = None
 
     def _emit(self, step: Step, kind: StepEventKind, seconds: float = 0.0, detail: str = "") -> None:
         if self.proto.journal is not None:
@@ -404,6 +408,8 @@ class RequeueProtocol:
         ph = phase(job)
         if ph is Phase.FINISHED:
             return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
+        if ph is Phase.REQUEUED:
+            run.stopped_at = self.wall()
         outcome = Outcome.SUSPENDED
         # An incarnation stops now (or just did: the wrapper requeue-held itself) on these nodes.
         stops = frozenset(job.nodes) if ph in (Phase.RUNNING, Phase.STOPPING, Phase.REQUEUED) else None
@@ -452,7 +458,7 @@ class RequeueProtocol:
         # Only stops younger than the guard matter; a long-running controller must not keep them all.
         self._stopped = {j: v for j, v in self._stopped.items() if self._begin_after(v[0]) > now}
         if stops is not None:
-            self._stopped[job_id] = (now, stops)
+            self._stopped[job_id] = (run.stopped_at if run.stopped_at is not None else now, stops)
         detail = ""
         if outcome is Outcome.ESCALATED:
             detail = (
@@ -492,6 +498,7 @@ class RequeueProtocol:
             job, ok = self._wait(run.job_id, held, timeout)
             box.append((job, ok))
             if ok:
+                run.stopped_at = self.wall()
                 return f"PENDING, {job.reason}"
             if job.finished:
                 return f"finished: {job.state}"
@@ -514,6 +521,8 @@ class RequeueProtocol:
                         raise
             job, ok = self._wait(run.job_id, lambda j: j.pending and is_held(j), self.requeue_timeout)
             box.append(job)
+            if ok:
+                run.stopped_at = self.wall()
             if job.finished:
                 return f"finished: {job.state}"
             if not ok:
@@ -618,17 +627,23 @@ class RequeueProtocol:
             # Freeze it so Slurm cannot start it on the old request between the updates below.
             self._admin_hold(run, job)
 
+        begin = self._credential_begin(job, placement)
+        # Without a credential to wait for, the begin time requeue left goes in the placement's own update
+        # (one scontrol call fewer before the release); a begin time in the future is set just before the
+        # release, as scontrol counts now+N from its own clock.
+        at_once = {"starttime": "now"} if begin is None else {}
+
         def set_placement() -> str:
             try:
-                self.backend.update(job_id, **node_fields(placement, job), gres=gres)
+                self.backend.update(job_id, **node_fields(placement, job), gres=gres, **at_once)
             except InvalidRequest as exc:
                 if "gres" not in str(exc).lower() and "generic resource" not in str(exc).lower():
                     raise
                 raise ProtocolError(_gres_refusal(job_id, kind, placement, str(exc))) from exc
-            return f"nodelist={node} gres={gres}"
+            return f"nodelist={node} gres={gres}" + (" starttime=now" if at_once else "")
 
         run.do(Step.SET_PLACEMENT, set_placement)
-        begin = self._credential_begin(job, placement)
+        self._stopped.pop(job_id, None)
 
         def clear_begin() -> str:
             # scontrol (or libslurm) adds N to its own whole-second now, at least floor(now) here.
@@ -637,7 +652,10 @@ class RequeueProtocol:
             self.backend.update(job_id, starttime=when)
             return f"starttime={when}" + (f" (the old job credential on {node} lapses then)" if later else "")
 
-        run.do(Step.CLEAR_BEGIN, clear_begin)
+        if at_once:
+            run.skip(Step.CLEAR_BEGIN, "starttime=now, set with the placement")
+        else:
+            run.do(Step.CLEAR_BEGIN, clear_begin)
 
         def release() -> str:
             # slurmctld runs the pass a release asks for at its next whole-second tick: a release long before
@@ -731,7 +749,7 @@ class RequeueProtocol:
         """
         now = self.wall()
         last: float | None = None
-        record = self._stopped.pop(job.job_id, None)
+        record = self._stopped.get(job.job_id)
         if record is not None:
             stopped, nodes = record
             if not nodes or nodes & set(placement.nodes):
@@ -740,7 +758,8 @@ class RequeueProtocol:
             last = job.end_time + 1.0  # the revocation may fall in the second after the recorded end
         if last is None:
             return None
-        return self._begin_after(last)
+        begin = self._begin_after(last)
+        return begin if begin > math.floor(now) else None
 
     # -- migrate / resize --------------------------------------------------------------------------
 

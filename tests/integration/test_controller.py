@@ -356,7 +356,6 @@ CRASH_POINTS = (
     "suspend:wait-checkpoint",
     "suspend:admin-hold",
     "resume:set-placement",
-    "resume:clear-begin",
     "resume:release",
     "resume:wait-running",
     "resume:verify",

@@ -104,6 +104,7 @@ class FakeSlurm:
     # and a job waiting for its begin time starts only in a pass asked for (release / update) after it.
     coarse_passes: bool = False
     log_reads: bool = False  # job() calls go into `calls` as ("job", id, "")
+    hold_takes: float = 0.0  # seconds of the fake clock each hold() takes (a busy slurmctld)
     caps: SlurmCapabilities = SLURM_22_05
 
     def __post_init__(self) -> None:
@@ -238,6 +239,8 @@ class FakeSlurm:
     def hold(self, job_id: str) -> None:
         self.calls.append(("hold", job_id, ""))
         self._admin("hold")
+        if self.hold_takes:
+            self.clock.sleep(self.hold_takes)
         j = self._get(job_id)
         if j.state == "PENDING":
             j.hold, j.reason = HoldKind.ADMIN, "JobHeldAdmin"
