@@ -305,8 +305,9 @@ def verdict(results: list[SizeResult], tick: float) -> list[str]:
         f"(target <= {TARGET_ACTIONS_S:g} s): {'met' if ok_tens else 'NOT met'}",
         (f"  ... with packs: max {max(packs):.2f} s over {len(packs)} "
          f"(target <= {TARGET_ACTIONS_S:g} s): {'met' if ok_packs else 'NOT met'}"
-         + ("" if ok_packs else " (a packed job starts again on the node it left: at best in the second pass "
-            "after the second its old credential was revoked in, README, 'Slurm facts')")
+         + ("" if ok_packs else " (a packed job starts again on the node it left: in the first or second of "
+            "slurmctld's whole-second passes after the second its old credential was revoked in, README, "
+            "'Slurm facts')")
          if packs else "  ... with packs: none in this run"),
         f"memory: max {max(r.rss_mb for r in big.rounds):.0f} MB (target <= {TARGET_RSS_MB:g} MB)",
         f"every tick kept: {'yes' if all(r.skipped_ticks == 0 for r in results) else 'NO'} "
