@@ -123,4 +123,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    job_wrapper.exit_process(main())  # gandiva: under the wrapper, no interpreter teardown (see exit_process)

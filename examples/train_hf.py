@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+from job_wrapper import exit_process
 from job_wrapper.hf import GandivaTrainerCallback
 
 
@@ -90,4 +91,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # gandiva: under the wrapper, no interpreter teardown (see exit_process)

@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
+from job_wrapper import exit_process
 from job_wrapper.lightning import GandivaCallback, loader, trainer_args
 
 
@@ -81,4 +82,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # gandiva: under the wrapper, no interpreter teardown (see exit_process)

@@ -9,16 +9,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from job_wrapper.api import Session, epoch_order, init_distributed, ordered_allreduce, rank_and_world_size
+    from job_wrapper.api import (
+        Session,
+        epoch_order,
+        exit_process,
+        init_distributed,
+        ordered_allreduce,
+        rank_and_world_size,
+    )
     from job_wrapper.checkpoint import CheckpointError
     from job_wrapper.data import ResumableSampler, SeededDataset
 
-__all__ = ["CheckpointError", "ResumableSampler", "SeededDataset", "Session", "epoch_order", "init_distributed",
-           "ordered_allreduce", "rank_and_world_size"]
+__all__ = ["CheckpointError", "ResumableSampler", "SeededDataset", "Session", "epoch_order", "exit_process",
+           "init_distributed", "ordered_allreduce", "rank_and_world_size"]
 
 _LAZY = {
     "Session": "job_wrapper.api",
     "epoch_order": "job_wrapper.api",
+    "exit_process": "job_wrapper.api",
     "init_distributed": "job_wrapper.api",
     "ordered_allreduce": "job_wrapper.api",
     "rank_and_world_size": "job_wrapper.api",

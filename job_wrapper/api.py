@@ -154,12 +154,25 @@ def ordered_allreduce(ddp_model: Any) -> Any:
 def exit_suspended(*, fast: bool) -> NoReturn:
     """End the training process with the suspended exit code; `fast` (under the wrapper) skips torch's
     interpreter teardown with os._exit, after flushing stdout and stderr."""
+    _leave(int(ExitCode.SUSPENDED), fast=fast)
+
+
+def exit_process(code: int = 0) -> NoReturn:
+    """End a training script with `code`: call it last (`exit_process(main())`). Under the wrapper it skips
+    the interpreter's teardown, as a suspend does: there torch.distributed's gloo threads can abort a rank
+    after training ended ("terminate called without an active exception"; pytorch/pytorch#65513, #190489),
+    and the job would end FAILED. Nothing runs after it, atexit handlers included; stdout and stderr are
+    flushed."""
+    _leave(code, fast=os.environ.get(FAST_EXIT_ENV) == "1")
+
+
+def _leave(code: int, *, fast: bool) -> NoReturn:
     if fast:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        os._exit(int(ExitCode.SUSPENDED))
-    raise SystemExit(int(ExitCode.SUSPENDED))
+        os._exit(code)
+    raise SystemExit(code)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:

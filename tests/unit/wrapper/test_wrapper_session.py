@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,3 +251,25 @@ def test_once_training_is_over_the_signal_is_ignored(tmp_path: Path) -> None:
     job = Session(model, opt, state_dir=tmp_path / "live", progress_interval=60)
     assert signal.getsignal(signal.SIGUSR2) == job._on_signal
     job._close("done")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_exit_process_skips_the_interpreter_teardown_only_under_the_wrapper(tmp_path: Path, fast: bool) -> None:
+    """Under the wrapper (GANDIVA_FAST_EXIT=1) a script's last exit_process(code) leaves with os._exit: the
+    exit code kept, stdout flushed, no atexit handler (torch's teardown, where gloo can abort a rank) run;
+    elsewhere it is sys.exit."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import atexit, sys\n"
+        "from job_wrapper import exit_process\n"
+        "atexit.register(lambda: print('teardown ran', flush=True))\n"
+        "sys.stdout.write('trained ')\n"
+        "exit_process(3)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GANDIVA_FAST_EXIT"}
+    if fast:
+        env["GANDIVA_FAST_EXIT"] = "1"
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert p.stdout.startswith("trained ")
+    assert ("teardown ran" in p.stdout) is not fast
