@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import math
 import os
 import time
@@ -640,22 +641,22 @@ class RequeueProtocol:
                 if "gres" not in str(exc).lower() and "generic resource" not in str(exc).lower():
                     raise
                 raise ProtocolError(_gres_refusal(job_id, kind, placement, str(exc))) from exc
-            return f"nodelist={node} gres={gres}" + (" starttime=now" if at_once else "")
+            return f"nodelist={node} gres={gres}" + (" starttime=now" if begin is None else "")
 
         run.do(Step.SET_PLACEMENT, set_placement)
         self._stopped.pop(job_id, None)
 
-        def clear_begin() -> str:
+        def clear_begin(lapse: int) -> str:
             # scontrol (or libslurm) adds N to its own whole-second now, at least floor(now) here.
-            later = max(0, begin - math.floor(self.wall())) if begin is not None else 0
+            later = max(0, lapse - math.floor(self.wall()))
             when = f"now+{later}" if later else "now"
             self.backend.update(job_id, starttime=when)
             return f"starttime={when}" + (f" (the old job credential on {node} lapses then)" if later else "")
 
-        if at_once:
+        if begin is None:
             run.skip(Step.CLEAR_BEGIN, "starttime=now, set with the placement")
         else:
-            run.do(Step.CLEAR_BEGIN, clear_begin)
+            run.do(Step.CLEAR_BEGIN, functools.partial(clear_begin, begin))
 
         def release() -> str:
             # slurmctld runs the pass a release asks for at its next whole-second tick: a release long before
