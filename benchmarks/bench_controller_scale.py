@@ -13,15 +13,15 @@ of a switch).
 
 For each size, once every job is registered, it runs `--rounds` rounds and prints, per round kind (ordinary:
 no action; actions: suspends, starts and moves; packs: a round with a pack or unpack, whose job starts again
-on the node it left, so Slurm's credential rule holds it back to the second pass after the second its old
-incarnation was killed in: README, "Slurm facts"), the round time (and the controller process's own CPU
-time in it, its Slurm commands aside: on a shared machine the steadier figure) split into Slurm queries (every
-backend call outside the actions), the store (every database call outside the actions), the policy's decide,
-the actions (the actor's execute: protocol steps, their Slurm calls and store writes) and the rest (the
-controller's own work: settle, observe, plans); rounds over the tick, the ticks that then ran late (a tick
-that falls during a round waits for it) and those dropped (a second one falling during the same round); the
-controller process's resident memory; and that nothing was lost (every submitted task is in Slurm and
-registered, none failed).
+on the node it left, so Slurm's credential rule holds it back to the first or second of slurmctld's whole-
+second passes after the second its old incarnation was killed in: README, "Slurm facts"), the round time (and
+the controller process's own CPU time in it, its Slurm commands aside: on a shared machine the steadier
+figure) split into Slurm queries (every backend call outside the actions), the store (every database call
+outside the actions), the policy's decide, the actions (the actor's execute: protocol steps, their Slurm calls
+and store writes) and the rest (the controller's own work: settle, observe, plans); rounds over the tick, the
+ticks that then ran late (a tick that falls during a round waits for it) and those dropped (a second one
+falling during the same round); the controller process's resident memory; and that nothing was lost (every
+submitted task is in Slurm and registered, none failed).
 
 Baseline: the figures issue 18 measured on this devcluster with the controller before it (same defaults,
 real `gandiva sbatch` jobs): ordinary round 0.02 / 0.10 / 0.44 / 0.85 s with 0 / 100 / 500 / 1,000 jobs,
