@@ -14,7 +14,10 @@ of a switch).
 For each size, once every job is registered, it runs `--rounds` rounds and prints, per round kind (ordinary:
 no action; actions: suspends, starts and moves; packs: a round with a pack or unpack, whose job starts again
 on the node it left, so Slurm's credential rule holds it back to the first or second of slurmctld's whole-
-second passes after the second its old incarnation was killed in: README, "Slurm facts"), the round time (and
+second passes after the second its old incarnation was killed in: README, "Slurm facts"; where Slurm does not
+tie GPU indices (24.11 on) the round ends once such a job is set up, and its start runs on after the round:
+the table's "later starts" counts them, and "they ran at" says when they ran, from their round's start,
+median/max), the round time (and
 the controller process's own CPU time in it, its Slurm commands aside: on a shared machine the steadier
 figure) split into Slurm queries (every backend call outside the actions), the store (every database call
 outside the actions), the policy's decide, the actions (the actor's execute: protocol steps, their Slurm calls
@@ -56,6 +59,7 @@ from slurm_gandiva.model import JobState
 from slurm_gandiva.plan import Action
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.store import Store
+from slurm_gandiva.store.api import Outcome as StoreOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -116,6 +120,8 @@ class Round:
     error: str = ""
     cpu: float = 0.0  # the controller process's CPU time in the round (the devcluster's processes aside)
     packs: int = 0  # pack / unpack decisions among the actions
+    # (job id, decision id, round start) of the starts left to run on after the round (Actor.starting)
+    starting: tuple[tuple[str, int, float], ...] = ()
 
     @property
     def kind(self) -> str:
@@ -130,6 +136,8 @@ class SizeResult:
     late_s: list[float] = field(default_factory=list)  # how late each tick that fell during a round ran
     register_s: float = 0.0
     lost: int = 0
+    late_failed: int = 0  # starts left to run on after their round that did not succeed
+    late_start_s: list[float] = field(default_factory=list)  # when each such job ran, from its round's start
 
 
 def rss_mb() -> float:
@@ -218,7 +226,26 @@ class Bench:
             self.last_introspect = time.time()
         failed = sum(1 for r in rep.results if not r.ok)
         packs = sum(1 for r in rep.results if r.decision.action in (Action.PACK, Action.UNPACK))
-        return Round(jobs, total, parts, len(rep.results), failed, rss_mb(), rep.error, cpu, packs), skipped
+        starting = tuple(
+            (r.decision.job_id, r.decision_id, started) for r in rep.results if r.starting and r.decision_id
+        )
+        rnd = Round(jobs, total, parts, len(rep.results), failed, rss_mb(), rep.error, cpu, packs, starting)
+        return rnd, skipped
+
+    def settle_starts(self, rounds: list[Round]) -> tuple[int, list[float]]:
+        """Wait for the starts the rounds left to run on; returns how many did not succeed, and when each
+        that did ran (its outcome), in seconds from its round's start."""
+        self.ctl.actor.wait_started(timeout=120)
+        left = [s for r in rounds for s in r.starting]
+        found = {d.id: d for d in self.store.decisions(job_ids={jid for jid, _d, _t in left})}
+        failed, after = 0, []
+        for _jid, did, started in left:
+            d = found.get(did)
+            if d is None or d.outcome is not StoreOutcome.SUCCEEDED or d.outcome_at is None:
+                failed += 1
+            else:
+                after.append(d.outcome_at - started)
+        return failed, after
 
     def lost(self, submitted: int) -> int:
         """Submitted tasks that are neither waiting, running nor registered (or that failed)."""
@@ -247,9 +274,11 @@ def measure(bench: Bench, size: int, have: int, rounds: int) -> SizeResult:
         res.skipped_ticks += skipped
         print(f"  {size:>6} jobs: round {r.total:6.3f} s (CPU {r.cpu:.3f} s), {r.actions:2d} actions"
               + (f" ({r.packs} packs)" if r.packs else "")
+              + (f" ({len(r.starting)} starting after it)" if r.starting else "")
               + "".join(f", {p} {r.parts.get(p, 0.0):.3f}" for p in PARTS) + f", rss {r.rss_mb:.0f} MB",
               flush=True)
     res.late_s = bench.late_s[late_before:]
+    res.late_failed, res.late_start_s = bench.settle_starts(res.rounds)
     res.lost = bench.lost(size)
     return res
 
@@ -280,13 +309,18 @@ def table(results: list[SizeResult], tick: float) -> str:
     lines.append("")
     lines.append(f"{'jobs':>6} {'rounds over the tick':>21} {'ticks late':>11} {'max late s':>11} "
                  f"{'ticks skipped':>14} {'max RSS MB':>11} "
-                 f"{'failed actions':>15} {'lost':>5} {'registering s':>14}")
+                 f"{'failed actions':>15} {'lost':>5} {'registering s':>14} {'later starts':>13} "
+                 f"{'they ran at s':>14}")
     for res in results:
+        ran = res.late_start_s
+        ran_at = f"{_med(ran):.2f}/{max(ran):.2f}" if ran else "-"
         over = sum(1 for r in res.rounds if r.total > tick)
         late = f"{max(res.late_s):11.2f}" if res.late_s else f"{'-':>11}"
         lines.append(f"{res.jobs:>6} {over:>21} {len(res.late_s):>11} {late} "
                      f"{res.skipped_ticks:>14} {max(r.rss_mb for r in res.rounds):11.0f} "
-                     f"{sum(r.failed for r in res.rounds):>15} {res.lost:>5} {res.register_s:14.0f}")
+                     f"{sum(r.failed for r in res.rounds) + res.late_failed:>15} {res.lost:>5} "
+                     f"{res.register_s:14.0f} {len(res.late_start_s) + res.late_failed:>13} "
+                     f"{ran_at:>14}")
     return "\n".join(lines)
 
 
@@ -309,6 +343,9 @@ def verdict(results: list[SizeResult], tick: float) -> list[str]:
             "slurmctld's whole-second passes after the second its old credential was revoked in, README, "
             "'Slurm facts')")
          if packs else "  ... with packs: none in this run"),
+        (f"  starts left to run on after their round at {big.jobs} jobs: {len(big.late_start_s) + big.late_failed}, "
+         f"ran at max {max(big.late_start_s, default=float('nan')):.2f} s from their round's start, "
+         f"{big.late_failed} did not start"),
         f"memory: max {max(r.rss_mb for r in big.rounds):.0f} MB (target <= {TARGET_RSS_MB:g} MB)",
         f"every tick kept: {'yes' if all(r.skipped_ticks == 0 for r in results) else 'NO'} "
         f"({sum(len(r.late_s) for r in results)} ran late, after a round past the tick, "

@@ -23,8 +23,8 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,15 +72,30 @@ class ProtocolLike(Protocol):
     def suspend(self, job_id: str) -> OpResult: ...
 
     def resume(
-        self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        until_free: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult: ...
 
     def migrate(
-        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult: ...
 
     def resize(
-        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult: ...
 
 
@@ -128,19 +143,34 @@ class JobSignals:
         return self.protocol_for(job_id).suspend(job_id)
 
     def resume(
-        self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        until_free: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
-        return self.protocol_for(job_id).resume(job_id, placement, until_free=until_free)
+        return self.protocol_for(job_id).resume(job_id, placement, until_free=until_free, defer=defer)
 
     def migrate(
-        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
-        return self.protocol_for(job_id).migrate(job_id, placement, on_stopped=on_stopped)
+        return self.protocol_for(job_id).migrate(job_id, placement, on_stopped=on_stopped, defer=defer)
 
     def resize(
-        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
-        return self.protocol_for(job_id).resize(job_id, placement, on_stopped=on_stopped)
+        return self.protocol_for(job_id).resize(job_id, placement, on_stopped=on_stopped, defer=defer)
 
 
 @dataclass(frozen=True)
@@ -152,6 +182,7 @@ class ActResult:
     detail: str = ""
     op: OpResult | None = None
     decision_id: int | None = None
+    starting: bool = False  # succeeded so far: the job starts after the round (`Actor.starting`)
 
     @property
     def ok(self) -> bool:
@@ -204,6 +235,24 @@ class Actor:
         self._lock = threading.Lock()
         self._decision_of: dict[str, int] = {}  # job id -> decision id while its operation runs
         self._open_steps: dict[tuple[str, str], int] = {}  # (job id, step) -> step record id
+        # Jobs whose start was left to run on after their round (`Outcome.STARTING`): job id -> (the placement
+        # they are starting on, the finish). Their decisions stay open in the store until the job runs.
+        self._starting: dict[str, tuple[Placement, Future[ActResult]]] = {}
+        self._finishers: ThreadPoolExecutor | None = None
+
+    # -- starts that run on after their round ----------------------------------------------------------
+    def starting(self) -> dict[str, Placement]:
+        """Job id -> placement of the jobs being started after their round ended (Slurm shows them pending,
+        held or released: they hold those GPUs for the policies, and the reconciler leaves them be)."""
+        with self._lock:
+            return {jid: p for jid, (p, _f) in self._starting.items()}
+
+    def wait_started(self, job_ids: Iterable[str] | None = None, timeout: float | None = None) -> bool:
+        """Wait until the starts of `job_ids` (None: all) left to run on have ended; False on timeout."""
+        with self._lock:
+            futs = [f for jid, (_p, f) in self._starting.items() if job_ids is None or jid in set(job_ids)]
+        _done, left = wait(futs, timeout=timeout)
+        return not left
 
     # -- journal: protocol steps -> store --------------------------------------------------------------
     def journal(self, ev: StepEvent) -> None:
@@ -260,6 +309,8 @@ class Actor:
             raise RuntimeError("Actor.protocol is not set")
         held = held or {}
         ds = list(plan.decisions)
+        # A job still starting from an earlier round is acted on once that start has ended.
+        self.wait_started({d.job_id for d in ds})
         deps, places = _dependencies(ds, held, last or {}, ties=ties, groups=groups, room=room)
         # A dependency on a move (migrate, resize, pack) is met once that job has stopped and freed its GPUs,
         # before it starts again elsewhere; one on a tie (22.05: that job must run again) only once it runs.
@@ -318,7 +369,12 @@ class Actor:
                             results[i] = ActResult(d, StoreOutcome.FAILED, why)
                             continue
                         wait = functools.partial(until_free, i) if early and deps[i] - freed else None
-                        fut = pool.submit(self._attempt, d, functools.partial(events.put, (False, i)), wait)
+                        # A start that waits only for a begin time runs on after the round, unless Slurm ties
+                        # GPU indices (a later start must wait for it) or it takes a throttled array's place.
+                        defer = not ties and d.job_id not in (groups or {})
+                        fut = pool.submit(
+                            self._attempt, d, functools.partial(events.put, (False, i)), wait, defer=defer
+                        )
                         fut.add_done_callback(functools.partial(_put_done, events, i))
                         running[i] = fut
                 if stopping and not running:
@@ -347,16 +403,19 @@ class Actor:
         d: Decision,
         on_stopped: Callable[[], None] | None = None,
         until_free: Callable[[], None] | None = None,
+        *,
+        defer: bool = False,
     ) -> ActResult:
         """Record the intent, then carry the decision out (on a worker thread); never raises. `on_stopped`:
         a move's job has stopped and holds no GPU (its resume half follows). `until_free`: a start released
-        ahead waits in it for the jobs that hold its GPUs to stop (see RequeueProtocol.resume)."""
+        ahead waits in it for the jobs that hold its GPUs to stop (see RequeueProtocol.resume). `defer`: a
+        start that only waits for its begin time runs on after this returns (`starting`)."""
         try:
             did = self._intent(d)
         except Exception as exc:
             log.exception("job %s: could not record the intent; not acting", d.job_id)
             return ActResult(d, StoreOutcome.FAILED, f"intent not recorded: {exc}")
-        return self._run(d, did, on_stopped, until_free)
+        return self._run(d, did, on_stopped, until_free, defer=defer)
 
     def _intent(self, d: Decision) -> int:
         did = self.store.record_intent(d.job_id, d.action, d.placement, d.reason, self.clock())
@@ -377,16 +436,23 @@ class Actor:
         did: int,
         on_stopped: Callable[[], None] | None = None,
         until_free: Callable[[], None] | None = None,
+        *,
+        defer: bool = False,
     ) -> ActResult:
         """Carry out one decision whose intent is recorded; never raises."""
         assert self.protocol is not None
         t0 = self.clock()
         try:
-            res = self._call(d, on_stopped, until_free)
+            res = self._call(d, on_stopped, until_free, defer)
         except Exception as exc:
-            return self._failed(d, did, exc)
-        finally:
             self._done(d, did)
+            return self._failed(d, did, exc)
+        if res.outcome is Outcome.STARTING and res.rest is not None:
+            return self._start_later(d, did, res, res.rest, t0)
+        return self._conclude(d, did, res, t0)
+
+    def _conclude(self, d: Decision, did: int, res: OpResult, t0: float) -> ActResult:
+        self._done(d, did)
         self._crash(d.action, "outcome")
         try:
             return self._record(d, did, res, t0)
@@ -394,21 +460,56 @@ class Actor:
             log.exception("job %s: %s done but not recorded", d.job_id, d.action.value)
             return ActResult(d, StoreOutcome.FAILED, f"not recorded: {exc}", res, did)
 
+    def _start_later(
+        self, d: Decision, did: int, res: OpResult, rest: Callable[[], OpResult], t0: float
+    ) -> ActResult:
+        """Leave a STARTING job's start to run on after the round; its decision stays open until it runs.
+        A move's old slice ends now, when the job stopped, as `_record` would end it."""
+        placement = res.placement or d.placement
+        assert placement is not None
+        if d.action not in (Action.START, Action.RESUME):
+            stop_s = sum(s.seconds for s in res.steps if s.step not in _RESUME_STEPS)
+            try:
+                self._close(d.job_id, min(self.clock(), t0 + stop_s), SLICE_END_FOR[d.action])
+            except Exception:
+                log.exception("job %s: could not end its slice; it ends when the job runs again", d.job_id)
+        with self._lock:
+            if self._finishers is None:
+                self._finishers = ThreadPoolExecutor(max_workers=32, thread_name_prefix="start")
+            fut = self._finishers.submit(self._finish_start, d, did, rest, t0)
+            self._starting[d.job_id] = (placement, fut)
+        log.info("job %s: %s -> %s; starting", d.job_id, d.action.value, res.detail)
+        return ActResult(d, StoreOutcome.SUCCEEDED, f"starting: {res.detail}", res, did, starting=True)
+
+    def _finish_start(self, d: Decision, did: int, rest: Callable[[], OpResult], t0: float) -> ActResult:
+        """The rest of a start left to run on (on a finisher thread); never raises."""
+        try:
+            try:
+                res = rest()
+            except Exception as exc:
+                self._done(d, did)
+                return self._failed(d, did, exc)
+            return self._conclude(d, did, res, t0)
+        finally:
+            with self._lock:
+                self._starting.pop(d.job_id, None)
+
     def _call(
         self,
         d: Decision,
         on_stopped: Callable[[], None] | None = None,
         until_free: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
         assert self.protocol is not None
         if d.action is Action.SUSPEND:
             return self.protocol.suspend(d.job_id)
         assert d.placement is not None, f"{d.action.value} without a placement"
         if d.action in (Action.START, Action.RESUME):
-            return self.protocol.resume(d.job_id, d.placement, until_free=until_free)
+            return self.protocol.resume(d.job_id, d.placement, until_free=until_free, defer=defer)
         if d.action is Action.RESIZE:
-            return self.protocol.resize(d.job_id, d.placement, on_stopped=on_stopped)
-        return self.protocol.migrate(d.job_id, d.placement, on_stopped=on_stopped)
+            return self.protocol.resize(d.job_id, d.placement, on_stopped=on_stopped, defer=defer)
+        return self.protocol.migrate(d.job_id, d.placement, on_stopped=on_stopped, defer=defer)
 
     def _close(self, job_id: str, end: float, reason: SliceEnd) -> None:
         if self.store.close_slice(job_id, end, reason) is not None and self.metrics is not None:

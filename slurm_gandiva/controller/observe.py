@@ -221,6 +221,9 @@ class JobInputs:
     trial: Trial | None = None
     failed_trials: frozenset[TrialKind] = frozenset()
     speedup: Mapping[int, float] | None = None  # k -> T(k)/T(1) from the model's scaling table
+    # Where the job is starting, its start running on from an earlier round (`Actor.starting`): Slurm shows
+    # it pending until it runs, but those GPUs are its own.
+    starting: Placement | None = None
 
 
 def job_from(inp: JobInputs, topology: Topology, now: float, max_nodes: int | None = None) -> Job:
@@ -229,6 +232,9 @@ def job_from(inp: JobInputs, topology: Topology, now: float, max_nodes: int | No
     sj, slices = inp.slurm, inp.slices
     state = slurm_state(sj, slices)
     placement = held_placement(sj) if state is JobState.RUNNING else None
+    starting = inp.starting is not None and sj.pending
+    if starting:
+        state, placement = JobState.RUNNING, inp.starting
     if state is JobState.RUNNING and placement is None:
         log.warning("job %s runs but Slurm reports no GPUs for it", sj.job_id)
     open_slice = next((s for s in slices if s.is_open), None)
@@ -264,7 +270,7 @@ def job_from(inp: JobInputs, topology: Topology, now: float, max_nodes: int | No
     if inp.speedup:
         rates = with_prior(rates, inp.speedup)
     if state is JobState.RUNNING:
-        base = slice_start if slice_start is not None else (sj.start_time or now)
+        base = slice_start if slice_start is not None else (now if starting else (sj.start_time or now))
         slice_start = training_start(base, prog, inp.rates, now)
     return Job(
         spec=spec,

@@ -146,8 +146,9 @@ class Reconciler:
             log.exception("could not record a reconcile event")
 
     # -- every tick -------------------------------------------------------------------------------------
-    def settle(self, snap: Snapshot) -> tuple[Finding, ...]:
-        """Register, hold and account for every managed job; errors are isolated per job."""
+    def settle(self, snap: Snapshot, starting: Collection[str] = ()) -> tuple[Finding, ...]:
+        """Register, hold and account for every managed job; errors are isolated per job. `starting`: jobs
+        whose start runs on from an earlier round (`Actor.starting`): that start settles them, not this."""
         out: list[Finding] = []
         now = self.clock()
         self._nodes = tuple(snap.nodes)
@@ -156,9 +157,12 @@ class Reconciler:
         # the loop below visits each job once, so what was read stays true for the jobs not yet visited.
         records = self.store.jobs_by_id(managed)
         current = self.store.open_slices(records)
-        held = self._hold_arrays(managed.values(), out)
+        busy = {managed[jid].array_id for jid in starting if jid in managed and managed[jid].array_id}
+        held = self._hold_arrays((j for j in managed.values() if j.array_id not in busy), out)
         self._registrations = 0
         for sj in managed.values():
+            if sj.job_id in starting:
+                continue  # pending (held until its begin time, or released): not to be held or requeued
             rec = records.get(sj.job_id)
             if (
                 rec is not None and sj.pending and sj.hold is HoldKind.ADMIN and rec.state is not JobState.RUNNING
@@ -170,7 +174,7 @@ class Reconciler:
             except Exception:
                 log.exception("reconcile: job %s failed; will retry next tick", sj.job_id)
         for rec in self.store.list_jobs(states=[JobState.QUEUED, JobState.RUNNING, JobState.SUSPENDED]):
-            if rec.job_id in managed:
+            if rec.job_id in managed or rec.job_id in starting:
                 continue
             try:
                 self._settle_vanished(rec, snap, now, out)

@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 
 _NO_TRIALS: frozenset[TrialKind] = frozenset()
+# How long a stopping controller waits for the starts its last rounds left running on (each ends within the
+# protocol's start timeout; one cut short is finished by the next controller's recovery).
+STOP_STARTS_S = 30.0
 
 
 def make_configured_policy(cfg: ControllerConfig) -> Policy:
@@ -253,8 +256,10 @@ class Controller:
         )
 
     # -- observe --------------------------------------------------------------------------------------
-    def observe(self, snap: Snapshot) -> Observation:
-        """The view of the managed, registered, unfinished jobs (one store query per kind of record)."""
+    def observe(self, snap: Snapshot, starting: Mapping[str, Placement] | None = None) -> Observation:
+        """The view of the managed, registered, unfinished jobs (one store query per kind of record);
+        `starting`: the jobs being started after their round, and where (`Actor.starting`)."""
+        starting = starting or {}
         managed = {jid: j for jid, j in self.reconciler.managed.of(snap).items() if not j.finished}
         found = self.store.jobs_by_id(managed)
         records = {jid: found[jid] for jid in managed if jid in found}
@@ -282,7 +287,7 @@ class Controller:
             seen = self._inputs_memo.get(jid)
             if (
                 seen is not None and not slices and seen[0] is sj and seen[1] is rec and seen[2] is job_rates
-                and seen[3] is prog and seen[4] is trial and seen[5] is failed
+                and seen[3] is prog and seen[4] is trial and seen[5] is failed and jid not in starting
             ):
                 inputs.append(seen[6])
                 continue
@@ -295,6 +300,7 @@ class Controller:
                 trial=trial,
                 failed_trials=failed,
                 speedup=self.speedup(rec.spec.model, rec.spec.max_gpus) if rec.spec.elastic else None,
+                starting=starting.get(jid),
             )
             if slices:
                 self._inputs_memo.pop(jid, None)
@@ -442,11 +448,12 @@ class Controller:
         findings: tuple[Finding, ...] = ()
         view: ClusterView | None = None
         try:
+            starting = self.actor.starting()
             snap = self.backend.snapshot()
-            findings = self.reconciler.settle(snap)
+            findings = self.reconciler.settle(snap, starting)
             if findings:
                 snap = self.backend.snapshot()
-            obs = self.observe(snap)
+            obs = self.observe(snap, starting)
             view = obs.view
             errs = view.consistency_errors()
             if errs:
@@ -680,6 +687,8 @@ class Controller:
                     self.reload()
         finally:
             sched.shutdown(wait=True)  # waits for the tick in flight, which stops after its current step
+            if not self.actor.wait_started(timeout=STOP_STARTS_S):
+                log.warning("stopping with starts still under way: the next controller settles them")
             self._scheduler = None
             self.store.record_event("controller-stop", None, "stopped", self.clock())
             if self._metrics_server is not None:

@@ -22,7 +22,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from slurm_gandiva.errors import (
@@ -84,6 +84,7 @@ class Outcome(enum.Enum):
     SUSPENDED = "suspended"  # held, clean checkpoint (or never ran)
     ESCALATED = "escalated"  # held, but forced: progress since the last checkpoint is lost
     RUNNING = "running"  # running on the requested placement
+    STARTING = "starting"  # set up to start on the placement at a begin time ahead: `OpResult.rest` waits for it
     FINISHED = "finished"  # the job ended (done, failed, cancelled) instead
 
 
@@ -125,6 +126,9 @@ class OpResult:
     steps: tuple[StepRecord, ...]
     placement: Placement | None = None
     detail: str = ""
+    # STARTING only: releases the job at its begin time, waits until it runs and verifies its GPUs; returns
+    # the operation's final result (its steps include these), raises as the operation would have.
+    rest: Callable[[], OpResult] | None = field(default=None, compare=False, repr=False)
 
     @property
     def escalated(self) -> bool:
@@ -292,8 +296,14 @@ class _Run:
         self._emit(step, StepEventKind.END, secs, detail)
         return detail
 
-    def result(self, outcome: Outcome, placement: Placement | None = None, detail: str = "") -> OpResult:
-        return OpResult(self.job_id, self.op, outcome, tuple(self.steps), placement, detail)
+    def result(
+        self,
+        outcome: Outcome,
+        placement: Placement | None = None,
+        detail: str = "",
+        rest: Callable[[], OpResult] | None = None,
+    ) -> OpResult:
+        return OpResult(self.job_id, self.op, outcome, tuple(self.steps), placement, detail, rest)
 
 
 # Seconds of clock skew between the controller, slurmctld and slurmd hosts that the credential guard allows
@@ -588,7 +598,12 @@ class RequeueProtocol:
     # -- resume ------------------------------------------------------------------------------------
 
     def resume(
-        self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        until_free: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
         """Start a held job (suspended, or never started) on exactly `placement` and wait until it runs.
 
@@ -596,8 +611,12 @@ class RequeueProtocol:
         and released at once (Slurm holds it back until those GPUs are free, and starts it in the pass that
         the last one's completion runs), then `until_free()` blocks until they have stopped and raises if
         one of them will not; the job is then held again (unless it already runs) and the error passes on.
-        The start timeout counts from when `until_free` returns."""
-        return self._resume(_Run(self, job_id, Op.RESUME), placement, until_free)
+        The start timeout counts from when `until_free` returns.
+
+        `defer` (without `until_free`): when the job must wait for a begin time ahead (its old credential on
+        the placement's nodes, see the class docstring), return STARTING once it is set up, still held;
+        the result's `rest()` releases it, waits until it runs and returns the final result."""
+        return self._resume(_Run(self, job_id, Op.RESUME), placement, until_free, defer=defer)
 
     def _resume(
         self,
@@ -605,6 +624,8 @@ class RequeueProtocol:
         placement: Placement,
         until_free: Callable[[], None] | None = None,
         known: SlurmJob | None = None,
+        *,
+        defer: bool = False,
     ) -> OpResult:
         _check_placement(placement)
         job_id = run.job_id
@@ -657,6 +678,17 @@ class RequeueProtocol:
             run.skip(Step.CLEAR_BEGIN, "starttime=now, set with the placement")
         else:
             run.do(Step.CLEAR_BEGIN, functools.partial(clear_begin, begin))
+        start = functools.partial(self._start, run, placement, begin, until_free)
+        if defer and begin is not None and until_free is None:
+            # Nothing but the clock stands between the job and its start: the caller need not wait for it.
+            return run.result(Outcome.STARTING, placement, f"held until just before its begin time {begin}", start)
+        return start()
+
+    def _start(
+        self, run: _Run, placement: Placement, begin: int | None, until_free: Callable[[], None] | None
+    ) -> OpResult:
+        """The end of a resume, from a job set up on `placement`: release, wait until it runs, verify."""
+        job_id = run.job_id
 
         def release() -> str:
             # slurmctld runs the pass a release asks for at its next whole-second tick: a release long before
@@ -764,18 +796,38 @@ class RequeueProtocol:
 
     # -- migrate / resize --------------------------------------------------------------------------
 
-    def migrate(self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None) -> OpResult:
+    def migrate(
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
+    ) -> OpResult:
         """Move a job to `placement` (same GPU count): suspend, then resume there. `on_stopped` is called once
-        the job holds no GPU any more (after the suspend half, or at once if it was not running)."""
-        return self._move(Op.MIGRATE, job_id, placement, on_stopped)
+        the job holds no GPU any more (after the suspend half, or at once if it was not running); `defer` as
+        for `resume`."""
+        return self._move(Op.MIGRATE, job_id, placement, on_stopped, defer)
 
-    def resize(self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None) -> OpResult:
+    def resize(
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
+    ) -> OpResult:
         """Give a job another GPU count: suspend, then resume on `placement` (world-size independent ckpt);
-        `on_stopped` as for `migrate`."""
-        return self._move(Op.RESIZE, job_id, placement, on_stopped)
+        `on_stopped` and `defer` as for `migrate`."""
+        return self._move(Op.RESIZE, job_id, placement, on_stopped, defer)
 
     def _move(
-        self, op: Op, job_id: str, placement: Placement, on_stopped: Callable[[], None] | None = None
+        self,
+        op: Op,
+        job_id: str,
+        placement: Placement,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
         _check_placement(placement)
         run = _Run(self, job_id, op)
@@ -795,17 +847,23 @@ class RequeueProtocol:
             escalated = False
         if on_stopped is not None:
             on_stopped()
-        res = self._resume(run, placement, known=run.held)
-        if escalated and res.outcome is Outcome.RUNNING:
-            return OpResult(
-                job_id,
-                op,
-                Outcome.RUNNING,
-                res.steps,
-                placement,
-                "suspend escalated: progress since its last checkpoint was lost",
-            )
-        return res
+        res = self._resume(run, placement, known=run.held, defer=defer)
+        if not escalated:
+            return res
+        return _escalated(res)
+
+
+def _escalated(res: OpResult) -> OpResult:
+    """A move's result, noting that its suspend half was forced (for STARTING: once it runs)."""
+    if res.outcome is Outcome.STARTING and res.rest is not None:
+        return replace(res, rest=functools.partial(_escalated_rest, res.rest))
+    if res.outcome is Outcome.RUNNING:
+        return replace(res, detail="suspend escalated: progress since its last checkpoint was lost", rest=None)
+    return res
+
+
+def _escalated_rest(rest: Callable[[], OpResult]) -> OpResult:
+    return _escalated(rest())
 
 
 def typed_indices(tres_per_node: str) -> set[int]:

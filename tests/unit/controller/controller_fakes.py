@@ -131,6 +131,11 @@ class FakeProtocol:
         self.calls: list[tuple[str, str, Placement | None]] = []
         self.on_call: Callable[[str, str], None] | None = None
         self.lock = threading.Lock()
+        # Jobs whose start waits for a begin time (a pack back onto their node): with `defer` the operation
+        # returns STARTING, the job held, and its `rest` starts it once `gate` is set.
+        self.later: set[str] = set()
+        self.gate = threading.Event()
+        self.deferred: list[str] = []  # job ids the actor asked to defer, in call order
 
     def _enter(self, op: str, job_id: str, placement: Placement | None) -> None:
         with self.lock:
@@ -165,9 +170,22 @@ class FakeProtocol:
         *,
         enter: bool = True,
         until_free: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
         if enter:
             self._enter(op.value, job_id, placement)
+        if defer:
+            with self.lock:
+                self.deferred.append(job_id)
+        if defer and job_id in self.later and until_free is None:
+            j = self.backend.job(job_id)
+            self.backend.set(replace(j, state="PENDING", gpus={}, nodes=placement.nodes, hold=HoldKind.ADMIN))
+
+            def rest() -> OpResult:
+                self.gate.wait(10)
+                return self._run(op, job_id, placement, enter=False)
+
+            return OpResult(job_id, op, Outcome.STARTING, (StepRecord(Step.SET_PLACEMENT, 0.0),), placement, "", rest)
         if until_free is not None:
             with self.lock:
                 self.calls.append(("released-ahead", job_id, placement))
@@ -191,29 +209,51 @@ class FakeProtocol:
         return OpResult(job_id, op, Outcome.RUNNING, (StepRecord(Step.RELEASE, self.delay),), placement)
 
     def resume(
-        self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        until_free: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
-        return self._run(Op.RESUME, job_id, placement, until_free=until_free)
+        return self._run(Op.RESUME, job_id, placement, until_free=until_free, defer=defer)
 
-    def _move(self, op: Op, job_id: str, placement: Placement, on_stopped: Callable[[], None] | None) -> OpResult:
+    def _move(
+        self,
+        op: Op,
+        job_id: str,
+        placement: Placement,
+        on_stopped: Callable[[], None] | None,
+        defer: bool = False,
+    ) -> OpResult:
         if on_stopped is None or not self.resume_delay:
-            return self._run(op, job_id, placement)
+            return self._run(op, job_id, placement, defer=defer)
         self._enter(op.value, job_id, placement)
         j = self.backend.job(job_id)
         self.backend.set(replace(j, state="PENDING", gpus={}, hold=HoldKind.ADMIN, reason="JobHeldAdmin"))
         on_stopped()
         time.sleep(self.resume_delay)
-        return self._run(op, job_id, placement, enter=False)
+        return self._run(op, job_id, placement, enter=False, defer=defer)
 
     def migrate(
-        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
-        return self._move(Op.MIGRATE, job_id, placement, on_stopped)
+        return self._move(Op.MIGRATE, job_id, placement, on_stopped, defer)
 
     def resize(
-        self, job_id: str, placement: Placement, *, on_stopped: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
     ) -> OpResult:
-        return self._move(Op.RESIZE, job_id, placement, on_stopped)
+        return self._move(Op.RESIZE, job_id, placement, on_stopped, defer)
 
 
 def pl(node: str, *idx: int) -> Placement:

@@ -15,6 +15,7 @@ from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.model import ClusterView, GpuRef, JobState, Locality, Placement, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.store import SliceEnd, Store
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
@@ -431,3 +432,78 @@ def test_a_tick_that_falls_during_a_long_round_runs_when_it_ends(tmp_path: Path)
     assert abs(s2 - round(s2)) < 0.3  # on the grid
     assert s3 - e2 < 0.4  # the tick that fell during round 2 ran when it ended (dropped: 0.6 s later)
     assert abs(s4 - round(s4)) < 0.3 and s4 > e2  # back on the grid
+
+
+def test_a_start_waiting_for_its_begin_time_runs_on_after_the_round(tmp_path: Path) -> None:
+    """A move back onto its own node waits for its old credential to lapse (24.11: no GPU-index ties): the
+    round ends with the job set up and held, its decision still open. Until it runs the next rounds see it
+    on its new GPUs and neither hold nor requeue it; then its decision succeeds and its new slice opens."""
+    pol = Toy()
+    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)
+    backend.caps = SlurmCapabilities.for_release((24, 11, 5))
+    proto = ctl.actor.protocol
+    assert isinstance(proto, FakeProtocol)
+    ctl.reconcile()
+    assert all(r.ok for r in ctl.tick().results)
+    before = store.current_slice("1")
+    assert before is not None
+    to = Placement((GpuRef(before.placement.gpus[0].node, 3),))
+    proto.later = {"1"}
+    pol.override = Plan((Decision(Action.MIGRATE, "1", to),))
+    rep = ctl.tick()
+    assert [(r.ok, r.starting) for r in rep.results] == [(True, True)]
+    assert ctl.actor.starting() == {"1": to} and backend.job("1").state == "PENDING"
+    assert store.current_slice("1") is None  # the old slice ended when the job stopped
+    assert [d.job_id for d in store.open_intents()] == ["1"]
+    pol.override = Plan()
+    calls = len(backend.calls)
+    rep = ctl.tick()
+    assert not rep.error and not [f for f in rep.findings if f.job_id == "1"]
+    seen = {j.job_id: j for j in rep.view.jobs}["1"]
+    assert seen.state is JobState.RUNNING and seen.placement == to
+    assert ("hold", "1") not in backend.calls[calls:]
+    proto.gate.set()
+    assert ctl.actor.wait_started(timeout=5)
+    assert ctl.actor.starting() == {} and store.open_intents() == ()
+    now = store.current_slice("1")
+    assert now is not None and now.placement == to and backend.job("1").state == "RUNNING"
+    job = store.get_job("1")
+    assert job is not None and job.state is JobState.RUNNING
+
+
+def test_starts_run_to_the_end_within_the_round_where_slurm_ties_gpu_indices(tmp_path: Path) -> None:
+    """22.05 keeps a requeued job's old GPU indices: a later start must wait for it to run, so no start is
+    left to run on after its round there."""
+    pol = Toy()
+    ctl, _backend, _store = make(tmp_path, [old("1"), old("2")], policy=pol)
+    proto = ctl.actor.protocol
+    assert isinstance(proto, FakeProtocol)
+    ctl.reconcile()
+    ctl.tick()
+    proto.later = {"1"}
+    pol.override = Plan((Decision(Action.MIGRATE, "1", Placement((GpuRef("n2", 3),))),))
+    rep = ctl.tick()
+    assert [(r.ok, r.starting) for r in rep.results] == [(True, False)]
+    assert proto.deferred == [] and ctl.actor.starting() == {}
+
+
+def test_a_decision_on_a_job_still_starting_waits_for_that_start(tmp_path: Path) -> None:
+    pol = Toy()
+    ctl, backend, _store = make(tmp_path, [old("1"), old("2")], policy=pol)
+    backend.caps = SlurmCapabilities.for_release((24, 11, 5))
+    proto = ctl.actor.protocol
+    assert isinstance(proto, FakeProtocol)
+    ctl.reconcile()
+    ctl.tick()
+    proto.later = {"1"}
+    pol.override = Plan((Decision(Action.MIGRATE, "1", Placement((GpuRef("n2", 3),))),))
+    ctl.tick()
+    pol.override = Plan((Decision(Action.SUSPEND, "1"),))
+    opened = threading.Timer(0.3, proto.gate.set)
+    opened.start()
+    rep = ctl.tick()
+    assert [r.ok for r in rep.results] == [True]
+    assert ctl.actor.wait_started(timeout=5)
+    # The start ran to the end before the suspend was carried out, not after it.
+    assert backend.job("1").state == "PENDING"
+    assert [c[0] for c in proto.calls if c[1] == "1"][-2:] == ["migrate", "suspend"]

@@ -510,3 +510,30 @@ def test_gres_and_gpu_choice_helpers() -> None:
     s.add(FakeJob("2", node="n1", gpus=(3,), shared=True))
     assert busy_gpus(s.jobs(), "n1") == {0, 1, 3}
     assert busy_gpus(s.jobs(), "n1", exclude="1") == {3}
+
+
+def test_a_deferred_pack_returns_starting_before_the_release_and_its_rest_starts_it(
+    proto: RequeueProtocol, slurm: FakeSlurm, clock: FakeClock
+) -> None:
+    """`defer`: a job that may only begin after its old credential lapses is set up (placement, begin time)
+    and left held; the result is STARTING, and its `rest()` releases it, waits until it runs and verifies."""
+    slurm.add(FakeJob("7", node="n1", gpus=(0,), req_gres="gpu:g0:1"))
+    clock.t = 1000.0
+    res = proto.migrate("7", place("n1", 1), defer=True)
+    assert res.outcome is Outcome.STARTING and res.rest is not None
+    assert not slurm.called("release")
+    assert slurm.jobs_["7"].state == "PENDING" and slurm.jobs_["7"].begin >= 1001
+    assert [s.step for s in res.steps][-2:] == [Step.SET_PLACEMENT, Step.CLEAR_BEGIN]
+    final = res.rest()
+    assert final.outcome is Outcome.RUNNING and final.placement == place("n1", 1)
+    assert slurm.called("release") and slurm.jobs_["7"].state == "RUNNING"
+    assert [s.step for s in final.steps][-3:] == [Step.RELEASE, Step.WAIT_RUNNING, Step.VERIFY]
+    assert final.step(Step.SIGNAL) is not None  # one result for the whole operation
+
+
+def test_defer_changes_nothing_without_a_begin_time_to_wait_for(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    """A move to another node may begin at once: the operation runs to the end as without `defer`."""
+    slurm.add(FakeJob("7", node="n1", gpus=(0,), req_gres="gpu:g0:1"))
+    res = proto.migrate("7", place("n2", 1), defer=True)
+    assert res.outcome is Outcome.RUNNING and res.rest is None
+    assert slurm.jobs_["7"].state == "RUNNING"
