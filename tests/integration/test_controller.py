@@ -494,8 +494,13 @@ def test_migrates_badly_placed_job(env_factory, test_user: str, slurm: SlurmBack
         wait_for(lambda: store.slices(job_ids=[wide]), 90, "the two-GPU job to start")
         first = store.slices(job_ids=[wide])[0]
         assert topo.locality(first.placement.gpus) > Locality.SWITCH, first
-        wait_for(lambda: any(s.end_reason is SliceEnd.MIGRATE for s in store.slices(job_ids=[wide])), 75,
-                 "the two-GPU job to be migrated")
+
+        def migrated() -> bool:
+            # The new slice opens once the job runs again (a move back onto its node starts after its round).
+            seen = store.slices(job_ids=[wide])
+            return any(s.end_reason is SliceEnd.MIGRATE for s in seen) and seen[-1].end_reason is not SliceEnd.MIGRATE
+
+        wait_for(migrated, 75, "the two-GPU job to be migrated")
         after = store.slices(job_ids=[wide])[-1]
         assert topo.locality(after.placement.gpus) is Locality.SWITCH, after
     assert env.stop() == 0
