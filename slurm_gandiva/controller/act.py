@@ -8,7 +8,9 @@ that array whose place it takes. Suspends depend on nothing and start at once; a
 not wait for the round's suspends, and a start on a suspended job's GPUs waits for that suspend alone, not
 for the slowest of the round. A failing decision is logged, recorded as failed and isolated: the rest of
 the plan still runs, except decisions that would take GPUs (or an array's place) that a job that failed
-to stop still holds.
+to stop still holds. Where Slurm does not tie GPU indices, a start's last part (waiting for a begin time
+and for Slurm to run the released job) goes on after `execute` returns (`Actor.starting`): the round is
+not held up by slurmctld's whole-second passes; the decision's outcome is recorded when the job runs.
 
 Test hook: GANDIVA_CRASH_AT makes the process `os._exit(137)` at one point, to test crash recovery:
 `<op>:<step>[:start|end]` (a protocol step, e.g. `suspend:signal`, `resume:release:start`; default
@@ -369,8 +371,9 @@ class Actor:
                             results[i] = ActResult(d, StoreOutcome.FAILED, why)
                             continue
                         wait = functools.partial(until_free, i) if early and deps[i] - freed else None
-                        # A start that waits only for a begin time runs on after the round, unless Slurm ties
-                        # GPU indices (a later start must wait for it) or it takes a throttled array's place.
+                        # A start's wait for Slurm to run it (and for a begin time) goes on after the round,
+                        # unless Slurm ties GPU indices (a later start must wait for it) or the job takes a
+                        # throttled array's place (Slurm counts it only once it runs).
                         defer = not ties and d.job_id not in (groups or {})
                         fut = pool.submit(
                             self._attempt, d, functools.partial(events.put, (False, i)), wait, defer=defer
@@ -408,8 +411,8 @@ class Actor:
     ) -> ActResult:
         """Record the intent, then carry the decision out (on a worker thread); never raises. `on_stopped`:
         a move's job has stopped and holds no GPU (its resume half follows). `until_free`: a start released
-        ahead waits in it for the jobs that hold its GPUs to stop (see RequeueProtocol.resume). `defer`: a
-        start that only waits for its begin time runs on after this returns (`starting`)."""
+        ahead waits in it for the jobs that hold its GPUs to stop (see RequeueProtocol.resume). `defer`: the
+        wait for Slurm to start the job runs on after this returns (`starting`)."""
         try:
             did = self._intent(d)
         except Exception as exc:

@@ -85,6 +85,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         if args.once:
             ctl.reconcile()
             rep = ctl.tick()
+            ctl.actor.wait_started()  # the round's starts that run on after it, before the lock is released
             for r in rep.results:
                 print(f"{r.decision.job_id}\t{r.decision.action.value}\t{r.outcome.value}\t{r.detail}")
             return 1 if rep.error else 0

@@ -613,9 +613,11 @@ class RequeueProtocol:
         one of them will not; the job is then held again (unless it already runs) and the error passes on.
         The start timeout counts from when `until_free` returns.
 
-        `defer` (without `until_free`): when the job must wait for a begin time ahead (its old credential on
-        the placement's nodes, see the class docstring), return STARTING once it is set up, still held;
-        the result's `rest()` releases it, waits until it runs and returns the final result."""
+        `defer`: return STARTING once nothing but Slurm's start is left, the result's `rest()` waiting for
+        it (and returning the final result): when the job must wait for a begin time ahead (its old
+        credential on the placement's nodes, see the class docstring) and no `until_free`, once it is set up,
+        still held (`rest()` releases it just before that time); else once it is released and its GPUs are
+        free."""
         return self._resume(_Run(self, job_id, Op.RESUME), placement, until_free, defer=defer)
 
     def _resume(
@@ -678,30 +680,45 @@ class RequeueProtocol:
             run.skip(Step.CLEAR_BEGIN, "starttime=now, set with the placement")
         else:
             run.do(Step.CLEAR_BEGIN, functools.partial(clear_begin, begin))
-        start = functools.partial(self._start, run, placement, begin, until_free)
         if defer and begin is not None and until_free is None:
             # Nothing but the clock stands between the job and its start: the caller need not wait for it.
+            start = functools.partial(self._start, run, placement, begin, None)
             return run.result(Outcome.STARTING, placement, f"held until just before its begin time {begin}", start)
-        return start()
+        return self._start(run, placement, begin, until_free, defer=defer)
 
     def _start(
-        self, run: _Run, placement: Placement, begin: int | None, until_free: Callable[[], None] | None
+        self,
+        run: _Run,
+        placement: Placement,
+        begin: int | None,
+        until_free: Callable[[], None] | None,
+        *,
+        defer: bool = False,
     ) -> OpResult:
-        """The end of a resume, from a job set up on `placement`: release, wait until it runs, verify."""
-        job_id = run.job_id
-
-        def release() -> str:
-            # slurmctld runs the pass a release asks for at its next whole-second tick: a release long before
-            # the begin time would spend that pass and wait for the next periodic one instead.
-            early = begin - RELEASE_LEAD_S - self.wall() if begin is not None else 0.0
-            if early > 0:
-                self.sleep(early)
-            self.backend.release(job_id)
-            return f"released ({early:.2f} s before, just ahead of its begin time)" if early > 0 else "released"
-
-        run.do(Step.RELEASE, release)
+        """The end of a resume, from a job set up on `placement`: release, (`until_free`), wait until it runs,
+        verify. `defer`: return STARTING once it is released and its GPUs are free, `rest` waiting for it."""
+        run.do(Step.RELEASE, functools.partial(self._release, run.job_id, begin))
         if until_free is not None:
             self._until_free(run, until_free)
+        rest = functools.partial(self._run_up, run, placement, begin)
+        if defer:
+            return run.result(Outcome.STARTING, placement, "released: Slurm starts it in its next pass", rest)
+        return rest()
+
+    def _release(self, job_id: str, begin: int | None) -> str:
+        # slurmctld runs the pass a release asks for at its next whole-second tick: a release long before
+        # the begin time would spend that pass and wait for the next periodic one instead.
+        early = begin - RELEASE_LEAD_S - self.wall() if begin is not None else 0.0
+        if early > 0:
+            self.sleep(early)
+        self.backend.release(job_id)
+        return f"released ({early:.2f} s before, just ahead of its begin time)" if early > 0 else "released"
+
+    def _run_up(self, run: _Run, placement: Placement, begin: int | None) -> OpResult:
+        """Wait until a released job runs (asking slurmctld for a pass when one is missed), then verify that
+        Slurm gave it exactly `placement`."""
+        job_id = run.job_id
+
         box: list[SlurmJob] = []
         nudges = [0]
         next_nudge = [begin + NUDGE_AFTER_S if begin is not None else math.inf]

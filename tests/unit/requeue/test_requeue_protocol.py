@@ -531,9 +531,15 @@ def test_a_deferred_pack_returns_starting_before_the_release_and_its_rest_starts
     assert final.step(Step.SIGNAL) is not None  # one result for the whole operation
 
 
-def test_defer_changes_nothing_without_a_begin_time_to_wait_for(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
-    """A move to another node may begin at once: the operation runs to the end as without `defer`."""
+def test_without_a_begin_time_to_wait_for_defer_returns_once_the_job_is_released(
+    proto: RequeueProtocol, slurm: FakeSlurm
+) -> None:
+    """A move to another node may begin at once: it is released, and `rest()` waits for Slurm's start."""
     slurm.add(FakeJob("7", node="n1", gpus=(0,), req_gres="gpu:g0:1"))
     res = proto.migrate("7", place("n2", 1), defer=True)
-    assert res.outcome is Outcome.RUNNING and res.rest is None
-    assert slurm.jobs_["7"].state == "RUNNING"
+    assert res.outcome is Outcome.STARTING and res.rest is not None
+    assert [s.step for s in res.steps][-1] is Step.RELEASE and res.step(Step.WAIT_RUNNING) is None
+    assert slurm.jobs_["7"].state == "PENDING" and slurm.jobs_["7"].hold is HoldKind.NONE
+    final = res.rest()
+    assert final.outcome is Outcome.RUNNING and slurm.jobs_["7"].state == "RUNNING"
+    assert [s.step for s in final.steps][-2:] == [Step.WAIT_RUNNING, Step.VERIFY]
