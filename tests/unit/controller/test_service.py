@@ -434,21 +434,29 @@ def test_a_tick_that_falls_during_a_long_round_runs_when_it_ends(tmp_path: Path)
     assert abs(s4 - round(s4)) < 0.3 and s4 > e2  # back on the grid
 
 
-def test_a_start_waiting_for_its_begin_time_runs_on_after_the_round(tmp_path: Path) -> None:
-    """A move back onto its own node waits for its old credential to lapse (24.11: no GPU-index ties): the
-    round ends with the job set up and held, its decision still open. Until it runs the next rounds see it
-    on its new GPUs and neither hold nor requeue it; then its decision succeeds and its new slice opens."""
+def running_pair(
+    tmp_path: Path, release: tuple[int, int, int]
+) -> tuple[Controller, FakeBackend, Store, Toy, FakeProtocol]:
+    """Jobs 1 and 2 started by a first round on Slurm `release`; job 1's start waits for a begin time."""
     pol = Toy()
     ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)
-    backend.caps = SlurmCapabilities.for_release((24, 11, 5))
+    backend.caps = SlurmCapabilities.for_release(release)
     proto = ctl.actor.protocol
     assert isinstance(proto, FakeProtocol)
     ctl.reconcile()
     assert all(r.ok for r in ctl.tick().results)
+    proto.later = {"1"}
+    return ctl, backend, store, pol, proto
+
+
+def test_a_start_waiting_for_its_begin_time_runs_on_after_the_round(tmp_path: Path) -> None:
+    """A move back onto its own node waits for its old credential to lapse (24.11: no GPU-index ties): the
+    round ends with the job set up and held, its decision still open. Until it runs the next rounds see it
+    on its new GPUs and neither hold nor requeue it; then its decision succeeds and its new slice opens."""
+    ctl, backend, store, pol, proto = running_pair(tmp_path, (24, 11, 5))
     before = store.current_slice("1")
     assert before is not None
     to = Placement((GpuRef(before.placement.gpus[0].node, 3),))
-    proto.later = {"1"}
     pol.override = Plan((Decision(Action.MIGRATE, "1", to),))
     rep = ctl.tick()
     assert [(r.ok, r.starting) for r in rep.results] == [(True, True)]
@@ -474,13 +482,7 @@ def test_a_start_waiting_for_its_begin_time_runs_on_after_the_round(tmp_path: Pa
 def test_starts_run_to_the_end_within_the_round_where_slurm_ties_gpu_indices(tmp_path: Path) -> None:
     """22.05 keeps a requeued job's old GPU indices: a later start must wait for it to run, so no start is
     left to run on after its round there."""
-    pol = Toy()
-    ctl, _backend, _store = make(tmp_path, [old("1"), old("2")], policy=pol)
-    proto = ctl.actor.protocol
-    assert isinstance(proto, FakeProtocol)
-    ctl.reconcile()
-    ctl.tick()
-    proto.later = {"1"}
+    ctl, _backend, _store, pol, proto = running_pair(tmp_path, (22, 5, 8))
     pol.override = Plan((Decision(Action.MIGRATE, "1", Placement((GpuRef("n2", 3),))),))
     rep = ctl.tick()
     assert [(r.ok, r.starting) for r in rep.results] == [(True, False)]
@@ -488,14 +490,7 @@ def test_starts_run_to_the_end_within_the_round_where_slurm_ties_gpu_indices(tmp
 
 
 def test_a_decision_on_a_job_still_starting_waits_for_that_start(tmp_path: Path) -> None:
-    pol = Toy()
-    ctl, backend, _store = make(tmp_path, [old("1"), old("2")], policy=pol)
-    backend.caps = SlurmCapabilities.for_release((24, 11, 5))
-    proto = ctl.actor.protocol
-    assert isinstance(proto, FakeProtocol)
-    ctl.reconcile()
-    ctl.tick()
-    proto.later = {"1"}
+    ctl, backend, _store, pol, proto = running_pair(tmp_path, (24, 11, 5))
     pol.override = Plan((Decision(Action.MIGRATE, "1", Placement((GpuRef("n2", 3),))),))
     ctl.tick()
     pol.override = Plan((Decision(Action.SUSPEND, "1"),))
