@@ -599,6 +599,11 @@ def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(  # type: igno
             assert sa[-1].placement == Placement((GpuRef("n2", 1),)), sa
             packs = [d for d in store.decisions(job_ids=[a, b]) if "pack" in d.reason]
             assert packs and all(d.outcome is Outcome.SUCCEEDED for d in packs), packs
+            # The pack's round ended once job A was set up on the shard; A's start ran on after the round (no
+            # GPU-index ties where packing is), its outcome recorded when it ran.
+            lines = [ln for ln in env.log_text().splitlines() if f"job {a}: pack -> " in ln]
+            assert any(ln.endswith("; starting") for ln in lines), lines
+            assert any(" -> running in " in ln for ln in lines), lines
         else:
             assert not any(s.placement.shared for s in sa + sb), (sa, sb)
             assert sb[0].start >= sa[0].end - 1, (sa, sb)  # waited: never beside it
