@@ -26,7 +26,8 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -251,9 +252,10 @@ class Actor:
 
     def wait_started(self, job_ids: Iterable[str] | None = None, timeout: float | None = None) -> bool:
         """Wait until the starts of `job_ids` (None: all) left to run on have ended; False on timeout."""
+        wanted = None if job_ids is None else set(job_ids)
         with self._lock:
-            futs = [f for jid, (_p, f) in self._starting.items() if job_ids is None or jid in set(job_ids)]
-        _done, left = wait(futs, timeout=timeout)
+            futs = [f for jid, (_p, f) in self._starting.items() if wanted is None or jid in wanted]
+        _done, left = wait_all(futs, timeout=timeout)
         return not left
 
     # -- journal: protocol steps -> store --------------------------------------------------------------
@@ -448,7 +450,6 @@ class Actor:
         try:
             res = self._call(d, on_stopped, until_free, defer)
         except Exception as exc:
-            self._done(d, did)
             return self._failed(d, did, exc)
         if res.outcome is Outcome.STARTING and res.rest is not None:
             return self._start_later(d, did, res, res.rest, t0)
@@ -471,9 +472,8 @@ class Actor:
         placement = res.placement or d.placement
         assert placement is not None
         if d.action not in (Action.START, Action.RESUME):
-            stop_s = sum(s.seconds for s in res.steps if s.step not in _RESUME_STEPS)
             try:
-                self._close(d.job_id, min(self.clock(), t0 + stop_s), SLICE_END_FOR[d.action])
+                self._close_stopped(d, res, t0, self.clock())
             except Exception:
                 log.exception("job %s: could not end its slice; it ends when the job runs again", d.job_id)
         with self._lock:
@@ -490,7 +490,6 @@ class Actor:
             try:
                 res = rest()
             except Exception as exc:
-                self._done(d, did)
                 return self._failed(d, did, exc)
             return self._conclude(d, did, res, t0)
         finally:
@@ -517,6 +516,11 @@ class Actor:
     def _close(self, job_id: str, end: float, reason: SliceEnd) -> None:
         if self.store.close_slice(job_id, end, reason) is not None and self.metrics is not None:
             self.metrics.slice_ended(reason)
+
+    def _close_stopped(self, d: Decision, res: OpResult, t0: float, now: float) -> None:
+        """End a move's old slice when its job stopped: after the suspend half of the operation begun at `t0`."""
+        stop_s = sum(s.seconds for s in res.steps if s.step not in _RESUME_STEPS)
+        self._close(d.job_id, min(now, t0 + stop_s), SLICE_END_FOR[d.action])
 
     def _open(self, job_id: str, placement: Placement, start: float) -> None:
         self.store.open_slice(job_id, placement, start)
@@ -545,9 +549,7 @@ class Actor:
         else:
             assert d.placement is not None
             if d.action not in (Action.START, Action.RESUME):
-                # The old slice ended when the job stopped: after the suspend half of the operation.
-                stop_s = sum(s.seconds for s in res.steps if s.step not in _RESUME_STEPS)
-                self._close(jid, min(now, t0 + stop_s), SLICE_END_FOR[d.action])
+                self._close_stopped(d, res, t0, now)
             self._open(jid, res.placement or d.placement, now)
             self.store.set_job_state(jid, JobState.RUNNING, at=now)
         detail = f"{res.outcome.value} in {res.seconds:.2f} s" + (f": {res.detail}" if res.detail else "")
@@ -556,6 +558,7 @@ class Actor:
         return ActResult(d, StoreOutcome.SUCCEEDED, detail, res, did)
 
     def _failed(self, d: Decision, did: int, exc: Exception) -> ActResult:
+        self._done(d, did)
         now = self.clock()
         detail = str(exc) if isinstance(exc, GandivaError) else f"{type(exc).__name__}: {exc}"
         if isinstance(exc, GandivaError):

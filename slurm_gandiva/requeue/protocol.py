@@ -84,7 +84,7 @@ class Outcome(enum.Enum):
     SUSPENDED = "suspended"  # held, clean checkpoint (or never ran)
     ESCALATED = "escalated"  # held, but forced: progress since the last checkpoint is lost
     RUNNING = "running"  # running on the requested placement
-    STARTING = "starting"  # set up to start on the placement at a begin time ahead: `OpResult.rest` waits for it
+    STARTING = "starting"  # set up (held until its begin time, or released): `OpResult.rest` waits until it runs
     FINISHED = "finished"  # the job ended (done, failed, cancelled) instead
 
 
@@ -126,8 +126,8 @@ class OpResult:
     steps: tuple[StepRecord, ...]
     placement: Placement | None = None
     detail: str = ""
-    # STARTING only: releases the job at its begin time, waits until it runs and verifies its GPUs; returns
-    # the operation's final result (its steps include these), raises as the operation would have.
+    # STARTING only: the rest of the start (the release at its begin time if still held, the wait until it runs,
+    # the GPU check); returns the operation's final result (its steps include these), raises as it would have.
     rest: Callable[[], OpResult] | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -875,7 +875,7 @@ def _escalated(res: OpResult) -> OpResult:
     if res.outcome is Outcome.STARTING and res.rest is not None:
         return replace(res, rest=functools.partial(_escalated_rest, res.rest))
     if res.outcome is Outcome.RUNNING:
-        return replace(res, detail="suspend escalated: progress since its last checkpoint was lost", rest=None)
+        return replace(res, detail="suspend escalated: progress since its last checkpoint was lost")
     return res
 
 
