@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 
-from slurm_gandiva.controller.config import load_config
+from slurm_gandiva.config import load_config
 from slurm_gandiva.controller.service import Controller, TickReport
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import ClusterView, GpuRef, JobState, Placement

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_gandiva.controller.config import ControllerConfig
+from slurm_gandiva.config import ControllerConfig
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import JobState

@@ -33,7 +33,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from slurm_gandiva.controller.config import ControllerConfig
+from slurm_gandiva.config import ControllerConfig
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.model import JobState, Topology
 from slurm_gandiva.requeue.contract import Progress

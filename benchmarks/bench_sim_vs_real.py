@@ -380,7 +380,7 @@ class WorkloadSimulator(Simulator):
 
 def make_policy_for(real: DemoResult) -> Any:
     """The real run's policy with its parameters (as the controller's config parsed them)."""
-    from slurm_gandiva.controller.config import parse_config
+    from slurm_gandiva.config import parse_config
     from slurm_gandiva.selector import make_policy
 
     lines = [f"quantum = {real.quantum:g}", f"policy = {real.policy}"]

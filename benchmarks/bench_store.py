@@ -250,7 +250,7 @@ class _NoPolicy:
 
 def round_store_side(n: int) -> float:
     """Seconds of the best steady round's settle + observe with `n` managed jobs (this process's code)."""
-    from slurm_gandiva.controller.config import ControllerConfig
+    from slurm_gandiva.config import ControllerConfig
     from slurm_gandiva.controller.service import Controller
 
     now = time.time()

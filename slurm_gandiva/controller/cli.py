@@ -55,7 +55,7 @@ def backend_line(backend: SlurmBackend) -> str:
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
-    from slurm_gandiva.controller.config import check_privilege, load_config
+    from slurm_gandiva.config import check_privilege, load_config
     from slurm_gandiva.controller.service import Controller, check_config
     from slurm_gandiva.slurm import make_backend
     from slurm_gandiva.store import Store
@@ -191,7 +191,7 @@ def format_rows(rows: list[QueueRow]) -> str:
 
 
 def cmd_squeue(args: argparse.Namespace) -> int:
-    from slurm_gandiva.controller.config import load_config
+    from slurm_gandiva.config import load_config
     from slurm_gandiva.slurm import make_backend
     from slurm_gandiva.store import Store
 
@@ -251,7 +251,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     env: dict[str, str] | None = None
     if args.config:
-        from slurm_gandiva.controller.config import load_config
+        from slurm_gandiva.config import load_config
 
         cfg = load_config(args.config)
         env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf is not None else None

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from slurm_gandiva.config import ControllerConfig, load_config
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult, JobSignals, ProtocolLike
 from slurm_gandiva.controller.arrays import (
     GroupSpecs,
@@ -37,7 +38,6 @@ from slurm_gandiva.controller.arrays import (
     throttle_arrays,
     with_array_groups,
 )
-from slurm_gandiva.controller.config import ControllerConfig, load_config
 from slurm_gandiva.controller.observe import (
     JobInputs,
     JobMemo,

@@ -77,7 +77,7 @@ def _caller() -> tuple[int, str]:
 def _db_url(args: argparse.Namespace) -> str:
     if args.db:
         return str(args.db)
-    from slurm_gandiva.controller.config import load_config
+    from slurm_gandiva.config import load_config
 
     return load_config(args.config).db_url
 

@@ -41,7 +41,7 @@ SYSTEM_CONFIG = "/etc/gandiva/gandiva.conf"
 JOBS_ROOT_ENV = "GANDIVA_JOBS_ROOT"
 TOPOLOGY_ENV = "GANDIVA_TOPOLOGY"
 if TYPE_CHECKING:
-    from slurm_gandiva.controller.config import ControllerConfig
+    from slurm_gandiva.config import ControllerConfig
 
 _GPU_GRES = re.compile(r"^gpu(?::[^:(,]+)?:(\d+)")
 
@@ -113,7 +113,7 @@ def resolve_paths(req: SbatchRequest, env: Mapping[str, str]) -> Resolved:
 
 def _controller_config(env: Mapping[str, str]) -> ControllerConfig | None:
     """The controller's config when one is readable ($GANDIVA_CONF, else /etc/gandiva/gandiva.conf)."""
-    from slurm_gandiva.controller.config import CONFIG_ENV, load_config
+    from slurm_gandiva.config import CONFIG_ENV, load_config
 
     path = env.get(CONFIG_ENV) or SYSTEM_CONFIG
     if not Path(path).is_file() or not os.access(path, os.R_OK):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from controller_fakes import FakeBackend, FakeProtocol, sjob
 
+from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.arrays import array_caps, grouped_spec, with_array_groups
-from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.model import ClusterView, JobSpec, Topology
 from slurm_gandiva.plan import Action, Plan

@@ -13,8 +13,8 @@ import pytest
 from controller_fakes import FakeBackend, sjob
 
 from slurm_gandiva.cli import main
+from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller import cli
-from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.errors import PermissionDenied, UnknownJob
 from slurm_gandiva.model import GpuRef, JobSpec, Placement
 from slurm_gandiva.slurm.base import SlurmJob

@@ -10,7 +10,7 @@ import pytest
 from controller_fakes import FakeBackend
 
 from slurm_gandiva.cli import main
-from slurm_gandiva.controller.config import parse_config
+from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.service import Controller, check_config
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import Topology

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gandiva.controller.config import check_privilege, load_config, parse_config, slurm_user
+from slurm_gandiva.config import check_privilege, load_config, parse_config, slurm_user
 from slurm_gandiva.errors import ConfigError, PermissionDenied
 
 REPO = Path(__file__).resolve().parents[3]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from controller_fakes import FakeBackend, FakeProtocol, sjob
 
+from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.cli import format_rows, queue_rows
-from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.controller.reconcile import Reconciler
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.model import ClusterView, Placement, Topology

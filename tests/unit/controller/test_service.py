@@ -11,7 +11,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from controller_fakes import FakeBackend, FakeProtocol, sjob
 
-from slurm_gandiva.controller.config import parse_config
+from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.model import ClusterView, GpuRef, JobState, Locality, Placement, Topology
 from slurm_gandiva.plan import Action, Decision, Plan

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from controller_fakes import FakeBackend, sjob
 
+from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.act import JobSignals
-from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.errors import BadRequest
 from slurm_gandiva.model import ClusterView, Topology

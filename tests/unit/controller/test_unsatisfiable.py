@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from controller_fakes import FakeBackend, nodes, sjob
 
+from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.cli import queue_rows
-from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.controller.reconcile import Reconciler, spec_refusal
 from slurm_gandiva.slurm.base import HoldKind, SlurmNode
 from slurm_gandiva.store import Store

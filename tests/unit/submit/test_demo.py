@@ -59,7 +59,7 @@ def test_workload_is_twelve_jobs_about_twice_the_cluster() -> None:
 
 
 def test_controller_config_is_valid_for_the_controller(tmp_path: Path) -> None:
-    from slurm_gandiva.controller.config import parse_config
+    from slurm_gandiva.config import parse_config
 
     text = controller_config(
         state_dir=tmp_path / "ctl",
@@ -126,7 +126,7 @@ def test_results_round_trip() -> None:
 def test_policy_params_reach_the_controller_config(tmp_path: Path) -> None:
     import pytest
 
-    from slurm_gandiva.controller.config import parse_config
+    from slurm_gandiva.config import parse_config
     from slurm_gandiva.demo import policy_params
     from slurm_gandiva.errors import ConfigError
     from slurm_gandiva.selector import make_policy

@@ -1,4 +1,7 @@
-"""The controller's configuration file (etc/gandiva.conf): parsing, validation and the privilege check.
+"""The site configuration file (etc/gandiva.conf): parsing, validation and the privilege check.
+
+The controller runs by it; `gandiva sbatch` and `gandiva report` read it for the jobs directory and the
+database.
 
 Format: `key = value` lines, `#` or `;` comments, blank lines ignored. An optional `[controller]`
 section holds the same keys; a `[policy]` section holds the policy's parameters (passed to
