@@ -56,8 +56,8 @@ from slurm_gandiva.controller.service import round_record
 from slurm_gandiva.demo import DEFAULT_STATE_DIR, RESULTS_FILE, ROUND_LOG, WORKLOAD, Demo, DemoResult, JobResult
 from slurm_gandiva.model import ClusterView, JobSpec, RateTable
 from slurm_gandiva.plan import Decision, Plan
+from slurm_gandiva.profiles import ModelProfile
 from slurm_gandiva.sim.engine import Overheads, SimConfig, SimResult, Simulator
-from slurm_gandiva.sim.models import ModelProfile
 from slurm_gandiva.sim.trace import Trace, TraceJob
 
 REPO = Path(__file__).resolve().parent.parent

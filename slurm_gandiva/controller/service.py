@@ -380,7 +380,7 @@ class Controller:
         key = (model, max_gpus)
         if key not in self._speedups:
             try:
-                from slurm_gandiva.sim.models import load_profile
+                from slurm_gandiva.profiles import load_profile
 
                 prof = load_profile(model)
                 one = prof.throughput((1,))

@@ -43,9 +43,10 @@ from types import MappingProxyType
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import STARTUP_GRACE_S, ClusterView, Job, JobSpec, JobState, Placement, RateTable, Topology
 from slurm_gandiva.plan import Action, Decision, Plan, apply_decision
+from slurm_gandiva.profiles import MODEL_NAMES, ModelProfile, load_profiles
 from slurm_gandiva.selector.base import Policy
 from slurm_gandiva.selector.common import next_rotation
-from slurm_gandiva.sim.models import MODEL_NAMES, ModelProfile, SpeedModel, load_profiles
+from slurm_gandiva.sim.models import SpeedModel
 from slurm_gandiva.sim.trace import Trace
 
 # Policies that get elastic jobs (a GPU range) unless the policy says otherwise with `elastic`.

@@ -45,7 +45,7 @@ from datetime import datetime
 from pathlib import Path
 
 from slurm_gandiva.errors import TraceError
-from slurm_gandiva.sim.models import MODEL_NAMES, data_dir
+from slurm_gandiva.profiles import MODEL_NAMES, data_dir
 
 PHILLY = "philly"
 COLUMNS = ("job_id", "submit_time", "duration", "gpus", "model", "user", "max_gpus", "group", "group_max")

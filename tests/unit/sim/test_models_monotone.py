@@ -20,8 +20,9 @@ from sim_toy_policies import ToyFifo
 
 from slurm_gandiva.model import ClusterView, GpuRef, Placement, Topology
 from slurm_gandiva.plan import Plan
+from slurm_gandiva.profiles import MODEL_NAMES, ModelProfile, load_profiles
 from slurm_gandiva.sim.engine import Overheads, SimConfig, Simulator
-from slurm_gandiva.sim.models import MODEL_NAMES, ModelProfile, SpeedModel, load_profiles
+from slurm_gandiva.sim.models import SpeedModel
 from slurm_gandiva.sim.trace import Trace, TraceJob
 
 PROFILES = load_profiles()

@@ -1,7 +1,7 @@
 """Pinned simulation results: speed work on the engine and the policies must not change a decision.
 
 The figures were taken before the speed-ups (issue 12, item 5) from the code at 1c15290. A change to
-the scaling models (sim/models.py) or to a policy's rules changes them legitimately: then re-take them
+the scaling models (profiles.py, sim/models.py) or to a policy's rules changes them legitimately: then re-take them
 with `pinned()` below on the new code, and say so in the commit.
 """
 

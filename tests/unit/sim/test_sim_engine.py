@@ -11,8 +11,8 @@ from sim_toy_policies import ToyDoubleBook, ToyFifo, ToyGrowShrink, ToyPackAll, 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import ClusterView, GpuRef, Placement
 from slurm_gandiva.plan import Plan
+from slurm_gandiva.profiles import load_profile
 from slurm_gandiva.sim.engine import Overheads, PlanRejected, SimConfig, Simulator
-from slurm_gandiva.sim.models import load_profile
 from slurm_gandiva.sim.trace import Trace, TraceJob, load_philly
 
 ZERO = Overheads(start=0, suspend=0, resume=0)

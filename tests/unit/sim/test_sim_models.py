@@ -6,7 +6,8 @@ import pytest
 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import GpuRef, Locality, Placement, Topology
-from slurm_gandiva.sim.models import LOCAL_BSZ, SpeedModel, best_locality, load_profile, load_profiles
+from slurm_gandiva.profiles import LOCAL_BSZ, load_profile, load_profiles
+from slurm_gandiva.sim.models import SpeedModel, best_locality
 
 TOPO = Topology.uniform(4, 4)
 
