@@ -58,7 +58,7 @@ _RESUME_STEPS = frozenset(
 
 
 class MetricsLike(Protocol):
-    """The event side of slurm_gandiva.report.metrics.Metrics."""
+    """The event side of slurm_gandiva.controller.metrics.Metrics."""
 
     def slice_started(self) -> None: ...
 

@@ -795,7 +795,7 @@ def log_round(path: Path, view: ClusterView, plan: Plan, max_bytes: int) -> None
 def _make_metrics() -> Any:
     """H6's Prometheus metrics on a private registry (None when prometheus-client is missing)."""
     try:
-        from slurm_gandiva.report.metrics import Metrics
+        from slurm_gandiva.controller.metrics import Metrics
     except ImportError:
         return None
     return Metrics()

@@ -7,9 +7,9 @@ import urllib.request
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from slurm_gandiva.controller.metrics import Metrics
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Placement, Topology
 from slurm_gandiva.plan import Action
-from slurm_gandiva.report.metrics import Metrics
 from slurm_gandiva.store import SliceEnd
 
 
