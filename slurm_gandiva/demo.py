@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from slurm_gandiva.errors import ConfigError, GandivaError
 from slurm_gandiva.requeue.contract import JobFiles, Progress, read_progress
-from slurm_gandiva.submit.spec import ensure_spec_dir
+from slurm_gandiva.requeue.spec import ensure_spec_dir
 
 if TYPE_CHECKING:
     from slurm_gandiva.devcluster.cluster import DevCluster

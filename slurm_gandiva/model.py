@@ -1,8 +1,8 @@
 """Domain types shared by the policies, the controller and the simulator.
 
-Everything here is a frozen dataclass or an enum and does no I/O. Times are seconds (floats) on
-whatever clock the caller injects; work is measured in "work units" (samples for the wrapper's
-jobs, model-specific units in the simulator) and rates in work units per second.
+Everything here is a frozen dataclass, an enum or a pure function, and does no I/O. Times are seconds
+(floats) on whatever clock the caller injects; work is measured in "work units" (samples for the
+wrapper's jobs, model-specific units in the simulator) and rates in work units per second.
 """
 
 from __future__ import annotations
@@ -151,6 +151,13 @@ class Topology:
             )
             out.append(Node(name, gpus, shards=shards))
         return Topology(tuple(out))
+
+
+def placeable(k: int, node_gpus: Iterable[int]) -> bool:
+    """Whether k GPUs fit on nodes of these GPU counts with as many on each node used (Slurm's per-node gres):
+    m nodes with at least k/m GPUs each, for some m that divides k."""
+    sizes = sorted(node_gpus, reverse=True)
+    return any(k % m == 0 and sizes[m - 1] >= k // m for m in range(1, len(sizes) + 1))
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,7 @@ def _registration_refusal(cfg: Any, sj: Any, nodes: Any) -> str:
     """Why the controller does not take a held job on (its spec asks for more than the cluster has), as
     registration decides it (reconcile.spec_refusal); "" when it would, or there is no spec yet."""
     from slurm_gandiva.controller.reconcile import spec_refusal
-    from slurm_gandiva.submit.spec import read_spec
+    from slurm_gandiva.requeue.spec import read_spec
 
     spec = read_spec(cfg.job_root, sj.job_id, owner=sj.user)
     if spec is None:

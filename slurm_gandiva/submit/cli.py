@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 from slurm_gandiva.errors import BadRequest, ConfigError, GandivaError
 from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.contract import JOB_MARK, StateDirError, ensure_state_dir
+from slurm_gandiva.requeue.spec import SubmitSpec, write_spec, write_specs
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmNode, SubmitRequest
 from slurm_gandiva.submit.request import (
     ARRAY_ENV,
@@ -34,7 +35,6 @@ from slurm_gandiva.submit.request import (
     parse_request,
     validate,
 )
-from slurm_gandiva.submit.spec import SubmitSpec, write_spec, write_specs
 
 DEFAULT_JOBS_ROOT = "/var/lib/gandiva/jobs"
 SYSTEM_CONFIG = "/etc/gandiva/gandiva.conf"

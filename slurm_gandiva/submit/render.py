@@ -13,7 +13,7 @@ from pathlib import Path
 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.requeue.contract import JOB_SUBMITTED_ENV, SIGNAL_ENV, STATE_DIR_ENV, suspend_signal
-from slurm_gandiva.submit.spec import SCRIPT_MARKER, SubmitSpec
+from slurm_gandiva.requeue.spec import SCRIPT_MARKER, SubmitSpec
 
 TEMPLATE = "job.sh.j2"
 WRAPPER = "gandiva-wrapper"

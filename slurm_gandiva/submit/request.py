@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurm_gandiva.errors import BadRequest
-from slurm_gandiva.model import Topology
+from slurm_gandiva.model import Topology, placeable
 from slurm_gandiva.requeue.contract import suspend_signal
 
 USAGE = (
@@ -314,13 +314,6 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
         job_name=job_name,
         array=array,
     )
-
-
-def placeable(k: int, node_gpus: Iterable[int]) -> bool:
-    """Whether k GPUs fit on nodes of these GPU counts with as many on each node used (Slurm's per-node gres):
-    m nodes with at least k/m GPUs each, for some m that divides k."""
-    sizes = sorted(node_gpus, reverse=True)
-    return any(k % m == 0 and sizes[m - 1] >= k // m for m in range(1, len(sizes) + 1))
 
 
 def _sizes(node_gpus: Iterable[int]) -> str:

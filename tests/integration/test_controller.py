@@ -33,9 +33,9 @@ from helpers import run_as
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import GpuRef, Locality, Placement, Topology
+from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from slurm_gandiva.store import Outcome, SliceEnd, Store
-from slurm_gandiva.submit.spec import SubmitSpec, write_spec
 from slurm_gandiva.topology.file import read_topology, write_topology
 
 REPO = Path(__file__).resolve().parents[2]

@@ -243,7 +243,7 @@ def _marked_sleep_job(cluster: DevCluster, user: str) -> str:
 
 def _write_spec_as(cluster: DevCluster, user: str, jid: str, gpus: int) -> None:
     """As `user`, (re)write the job's spec file asking for `gpus` GPUs."""
-    code = ("import sys, time; from slurm_gandiva.submit.spec import SubmitSpec, write_spec; "
+    code = ("import sys, time; from slurm_gandiva.requeue.spec import SubmitSpec, write_spec; "
             "write_spec(sys.argv[1], SubmitSpec(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[4]), "
             "submitted=time.time()))")
     proc = run_as(user, [sys.executable, "-c", code, str(cluster.jobs_dir), jid, user, str(gpus)], cluster.env)

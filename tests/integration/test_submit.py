@@ -13,8 +13,8 @@ from helpers import run_as, wait_for
 from job_wrapper.progress import read_events
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
+from slurm_gandiva.requeue.spec import read_spec, spec_from_script, spec_path
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
-from slurm_gandiva.submit.spec import read_spec, spec_from_script, spec_path
 
 GANDIVA = str(Path(sys.executable).parent / "gandiva")
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")

@@ -12,9 +12,9 @@ from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 from slurm_gandiva.controller.reconcile import Reconciler
 from slurm_gandiva.model import JobSpec, JobState
 from slurm_gandiva.plan import Action
+from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store import Outcome, SliceEnd, Store
-from slurm_gandiva.submit.spec import SubmitSpec, write_spec
 
 
 @pytest.fixture

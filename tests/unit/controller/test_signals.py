@@ -17,10 +17,10 @@ from slurm_gandiva.errors import BadRequest
 from slurm_gandiva.model import ClusterView, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.requeue.contract import REFUSED_SIGNALS, suspend_signal
+from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store import Store
 from slurm_gandiva.submit.request import parse_request
-from slurm_gandiva.submit.spec import SubmitSpec, write_spec
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 

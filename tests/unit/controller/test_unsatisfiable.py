@@ -13,9 +13,9 @@ from controller_fakes import FakeBackend, nodes, sjob
 from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.cli import queue_rows
 from slurm_gandiva.controller.reconcile import Reconciler, spec_refusal
+from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
 from slurm_gandiva.slurm.base import HoldKind, SlurmNode
 from slurm_gandiva.store import Store
-from slurm_gandiva.submit.spec import SubmitSpec, write_spec
 
 
 @pytest.mark.parametrize(

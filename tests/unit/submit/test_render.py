@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gandiva.requeue.spec import SubmitSpec, spec_from_script
 from slurm_gandiva.submit.render import render_script, signal_name
-from slurm_gandiva.submit.spec import SubmitSpec, spec_from_script
 
 NASTY = (
     "python3",

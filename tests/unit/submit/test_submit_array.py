@@ -12,11 +12,11 @@ import pytest
 
 from slurm_gandiva.errors import BadRequest
 from slurm_gandiva.model import Topology
+from slurm_gandiva.requeue.spec import SubmitSpec, read_spec
 from slurm_gandiva.slurm.base import SlurmNode, SubmitRequest
 from slurm_gandiva.submit.cli import sbatch_options, submit
 from slurm_gandiva.submit.render import render_script
 from slurm_gandiva.submit.request import array_tasks, parse_request
-from slurm_gandiva.submit.spec import SubmitSpec, read_spec
 from slurm_gandiva.topology.file import write_topology
 
 

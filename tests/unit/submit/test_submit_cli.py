@@ -9,10 +9,10 @@ import pytest
 
 from slurm_gandiva.errors import BadRequest, ConfigError
 from slurm_gandiva.model import Topology
+from slurm_gandiva.requeue.spec import read_spec, spec_from_script
 from slurm_gandiva.slurm.base import SlurmNode, SubmitRequest
 from slurm_gandiva.submit.cli import gres_gpu_count, resolve_paths, submit
 from slurm_gandiva.submit.request import parse_request
-from slurm_gandiva.submit.spec import read_spec, spec_from_script
 from slurm_gandiva.topology.file import write_topology
 
 

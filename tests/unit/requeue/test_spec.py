@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gandiva.submit.spec import (
+from slurm_gandiva.requeue.spec import (
     SubmitSpec,
     fallback_spec,
     read_spec,

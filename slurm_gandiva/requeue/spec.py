@@ -25,7 +25,8 @@ File format (version 1), all keys always present::
      "model": "resnet", "total_samples": 12800, "name": "train", "partition": "gpu",
      "signal": "USR2", "submitted": 1760000000.5, "command": ["python", "train.py"]}
 
-Stdlib only.
+Stdlib only. The job's other files (the wrapper's side) are in `contract.py`: the wrapper imports that one,
+so it stays free of the model's types this module builds.
 """
 
 from __future__ import annotations
