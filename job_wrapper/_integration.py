@@ -27,6 +27,7 @@ from slurm_gandiva.requeue.contract import (
     StateDirError,
     ensure_state_dir,
     job_files,
+    replace_atomic,
     signal_from_name,
 )
 
@@ -180,20 +181,7 @@ class Suspender:
 
     def fsync_replace(self, tmp: os.PathLike[str], final: os.PathLike[str], prev: os.PathLike[str]) -> None:
         """Make `tmp` durable, keep the current `final` as `prev`, then rename `tmp` over `final`."""
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fchmod(fd, 0o600)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if os.path.exists(final):
-            os.replace(final, prev)  # a crash between the two renames leaves prev: load() falls back to it
-        os.replace(tmp, final)
-        dfd = os.open(self.files.root, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        replace_atomic(tmp, final, durable=True, keep=prev)
 
 
 def batch_samples(batch: Any) -> int:

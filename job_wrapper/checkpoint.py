@@ -16,7 +16,6 @@ import hashlib
 import io
 import os
 import random
-import shutil
 import struct
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_gandiva.requeue.contract import FILE_MODE, JOB_SUBMITTED_ENV, JobFiles
+from slurm_gandiva.requeue.contract import JOB_SUBMITTED_ENV, JobFiles, stale_temps, write_atomic
 
 MAGIC = b"GNDVCKP1"
 _HEADER = struct.Struct(">8sQ32s")  # magic, payload length, sha256 of the payload
@@ -86,14 +85,6 @@ def decode(data: bytes, name: str = "checkpoint") -> dict[str, Any]:
     return state
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(
     files: JobFiles,
     state: Mapping[str, Any],
@@ -107,49 +98,33 @@ def save(
     `pause_s` > 0 (test hook) stops half-way through the write for that long, after calling `on_pause`.
     """
     t0 = clock()
-    root = files.root
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(files.checkpoint.name + ".tmp.*"):
+    files.root.mkdir(parents=True, exist_ok=True)
+    for stale in [*stale_temps(files.checkpoint), *stale_temps(files.checkpoint_prev)]:
         stale.unlink(missing_ok=True)  # left by a writer killed mid-write
     try:
         data = encode(state)
     except Exception as exc:  # pickling errors come as many types
         raise CheckpointError(f"cannot write {files.checkpoint}: state not serializable: {exc}") from None
-    tmp = root / f"{files.checkpoint.name}.tmp.{os.getpid()}"
+
+    def write(fd: int) -> None:
+        view = memoryview(data)
+        pause_at = len(data) // 2 if pause_s > 0 else -1
+        off = 0
+        while off < len(view):
+            end = min(len(view), off + _CHUNK)
+            if off <= pause_at < end:
+                end = pause_at
+            off += os.write(fd, view[off:end])
+            if off == pause_at:
+                pause_at = -1
+                os.fsync(fd)
+                if on_pause is not None:
+                    on_pause()
+                time.sleep(pause_s)
+
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
-        try:
-            os.fchmod(fd, FILE_MODE)
-            view = memoryview(data)
-            pause_at = len(data) // 2 if pause_s > 0 else -1
-            off = 0
-            while off < len(view):
-                end = min(len(view), off + _CHUNK)
-                if off <= pause_at < end:
-                    end = pause_at
-                off += os.write(fd, view[off:end])
-                if off == pause_at:
-                    pause_at = -1
-                    os.fsync(fd)
-                    if on_pause is not None:
-                        on_pause()
-                    time.sleep(pause_s)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if files.checkpoint.exists():
-            prev_tmp = root / f"{files.checkpoint_prev.name}.tmp"
-            prev_tmp.unlink(missing_ok=True)
-            try:
-                os.link(files.checkpoint, prev_tmp)
-            except OSError:  # no hard links on this filesystem
-                shutil.copyfile(files.checkpoint, prev_tmp)
-                os.chmod(prev_tmp, FILE_MODE)
-            os.replace(prev_tmp, files.checkpoint_prev)
-        os.replace(tmp, files.checkpoint)
-        _fsync_dir(root)
+        write_atomic(files.checkpoint, write, durable=True, keep=files.checkpoint_prev)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise CheckpointError(f"cannot write {files.checkpoint}: {exc.strerror or exc}") from None
     return SavedCheckpoint(files.checkpoint, len(data), clock() - t0)
 

@@ -29,7 +29,7 @@ from slurm_gandiva.requeue.contract import (
     JobFiles,
     ensure_state_dir,
     read_progress,
-    write_private,
+    write_atomic,
 )
 
 GPU_ENV_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
@@ -219,7 +219,7 @@ def _describe(code: int | None) -> str:
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
-    write_private(path, json.dumps(data, sort_keys=True) + "\n")  # 0600: the user's (and root's) alone
+    write_atomic(path, json.dumps(data, sort_keys=True) + "\n")  # 0600: the user's (and root's) alone
 
 
 @dataclass

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from slurm_gandiva.errors import ConfigError, GandivaError, SlurmUnreachable
 from slurm_gandiva.model import Topology
+from slurm_gandiva.requeue.contract import write_atomic
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities, installed_release
 
 log = logging.getLogger(__name__)
@@ -383,11 +384,7 @@ class DevCluster:
                 f"run `gandiva devcluster down --state-dir {self.state_dir}` first"
             )
         for name in changed:
-            p = self.etc / name
-            tmp = p.with_suffix(p.suffix + ".tmp")
-            tmp.write_text(rendered[name])
-            tmp.chmod(0o644)
-            os.replace(tmp, p)
+            write_atomic(self.etc / name, rendered[name], mode=0o644)
         if running and "job_submit.lua" in changed:
             self._slurm(["scontrol", "reconfigure"])
             # Newer daemons (measured on 25.11) re-execute themselves on reconfigure: new pids, the pid files

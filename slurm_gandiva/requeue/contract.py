@@ -1,17 +1,22 @@
 """The contract between the controller (requeue protocol) and the job wrapper.
 
-The job wrapper imports this module and nothing else of slurm_gandiva, so it must stay stdlib-only.
+The job wrapper imports this module and nothing else of slurm_gandiva, so it must stay stdlib-only. It
+holds the house's one atomic-write rule too (`write_atomic`), which the wrapper and the rest share.
 """
 
 from __future__ import annotations
 
 import enum
+import glob
 import json
 import math
 import os
 import pwd
+import shutil
 import signal
 import stat
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -237,25 +242,109 @@ def ensure_state_dir(path: str | os.PathLike[str], uid: int | None = None) -> Pa
     return check_state_dir(d, uid)
 
 
-def write_private(path: str | os.PathLike[str], data: bytes | str) -> None:
-    """Replace `path` atomically with `data`, mode 0600 (temp file in the same directory, then rename)."""
+def write_atomic(
+    path: str | os.PathLike[str],
+    data: bytes | str | Callable[[int], object],
+    *,
+    mode: int = FILE_MODE,
+    durable: bool = False,
+    keep: str | os.PathLike[str] | None = None,
+) -> None:
+    """Replace `path` with `data` atomically: a reader sees the old file or the new one, never a part.
+
+    The one rule for every file written whole: a temp file `.<name>.<random>.tmp` in the same directory
+    (created exclusively, never through a link), given exactly `mode` whatever the umask, renamed over
+    `path`. `durable` fsyncs the file before the rename and the directory after it, so the new file
+    survives a crash; without it a crash may lose the new contents (one directory fsync after many
+    such writes, `fsync_dir`, is the batch form). `data` may be a callable that writes the temp file's
+    descriptor itself (large or streamed contents). `keep` names where the file being replaced is kept
+    (`replace_atomic`). On any error the temp file is removed and `path` is as it was.
+    """
     dest = Path(path)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    raw = data.encode() if isinstance(data, str) else data
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    tmp = Path(name)
     try:
-        os.fchmod(fd, FILE_MODE)  # an old temp file of another mode
-        view = memoryview(raw)
-        while view:
-            view = view[os.write(fd, view):]
+        try:
+            os.fchmod(fd, mode)  # mkstemp's 0600, or the umask's cut
+            if callable(data):
+                data(fd)
+            else:
+                view = memoryview(data.encode() if isinstance(data, str) else data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        _commit(tmp, dest, durable, keep)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def replace_atomic(
+    tmp: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    mode: int = FILE_MODE,
+    durable: bool = False,
+    keep: str | os.PathLike[str] | None = None,
+) -> None:
+    """Rename `tmp`, written by someone else (a framework's save) in the directory of `path`, over `path`
+    under `write_atomic`'s rule. `keep`: the file being replaced becomes `keep` first (a hard link, a copy
+    where the filesystem has none), so `path` is never missing. On any error `tmp` is removed."""
+    src = Path(tmp)
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            os.fchmod(fd, mode)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        _commit(src, Path(path), durable, keep)
+    except BaseException:
+        src.unlink(missing_ok=True)
+        raise
+
+
+def _commit(tmp: Path, dest: Path, durable: bool, keep: str | os.PathLike[str] | None) -> None:
+    if keep is not None and dest.exists():
+        prev = Path(keep)
+        prev_tmp = prev.with_name(f".{prev.name}.{os.urandom(4).hex()}.tmp")
+        try:
+            try:
+                os.link(dest, prev_tmp)
+            except OSError:  # no hard links on this filesystem
+                shutil.copyfile(dest, prev_tmp)
+                os.chmod(prev_tmp, stat.S_IMODE(os.stat(dest).st_mode))
+            os.replace(prev_tmp, prev)
+        except BaseException:
+            prev_tmp.unlink(missing_ok=True)
+            raise
+    os.replace(tmp, dest)
+    if durable:
+        fsync_dir(dest.parent)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the renames in directory `path` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, dest)
+
+
+def stale_temps(path: str | os.PathLike[str]) -> list[Path]:
+    """Temp files `write_atomic` left beside `path` (its writer was killed mid-write)."""
+    dest = Path(path)
+    return sorted(dest.parent.glob(f".{glob.escape(dest.name)}.*.tmp"))
 
 
 def write_progress(path: str | os.PathLike[str], progress: Progress) -> None:
     """Replace `path` atomically (temp file in the same directory, then rename), mode 0600."""
-    write_private(path, progress.to_json() + "\n")
+    write_atomic(path, progress.to_json() + "\n")
 
 
 def read_progress(path: str | os.PathLike[str]) -> Progress | None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import GpuInfo, GpuRef, Node, Topology
+from slurm_gandiva.requeue.contract import write_atomic
 
 VERSION = 1
 
@@ -38,16 +38,7 @@ def write_topology(topo: Topology, path: str | os.PathLike[str]) -> None:
     """Write the topology file atomically (temp file in the same dir, then rename); mode 0644."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".topology-", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(topology_to_json(topo), f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(p, json.dumps(topology_to_json(topo), indent=2) + "\n", mode=0o644)
 
 
 def _int(obj: dict[str, Any], key: str, where: str, default: int | None = None) -> int:

@@ -20,7 +20,7 @@ import pytest
 
 from job_wrapper import checkpoint as ckpt
 from job_wrapper.progress import read_events
-from slurm_gandiva.requeue.contract import ExitCode, JobFiles, read_progress
+from slurm_gandiva.requeue.contract import ExitCode, JobFiles, read_progress, stale_temps
 
 ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = Path(sys.executable).with_name("gandiva-wrapper")
@@ -210,7 +210,7 @@ def test_signal_before_first_batch_second_signal_and_kill_9_keep_a_loadable_chec
     assert second >= 10
     assert ckpt.decode(run.files.checkpoint.read_bytes())["step"] == second
     assert ckpt.decode(run.files.checkpoint_prev.read_bytes())["step"] == 0
-    assert not list(tmp_path.glob("checkpoint.pt.tmp.*"))
+    assert not stale_temps(run.files.checkpoint)
 
     # 3. kill -9 (wrapper and training) half-way through the next checkpoint write.
     run = start(tmp_path, env={"GANDIVA_TEST_CHECKPOINT_PAUSE": "60"})
@@ -219,7 +219,7 @@ def test_signal_before_first_batch_second_signal_and_kill_9_keep_a_loadable_chec
     run.wait_event("checkpoint_paused")
     os.killpg(run.proc.pid, signal.SIGKILL)
     run.proc.wait()
-    partial = list(tmp_path.glob("checkpoint.pt.tmp.*"))
+    partial = stale_temps(run.files.checkpoint)
     assert len(partial) == 1 and partial[0].stat().st_size > 0  # the half-written file
     assert ckpt.decode(run.files.checkpoint.read_bytes())["step"] == second
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from job_wrapper import checkpoint as ckpt
-from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.requeue.contract import JobFiles, stale_temps
 
 
 def state(step: int) -> dict[str, object]:
@@ -96,13 +96,13 @@ def test_pause_hook_stops_half_way_and_leftover_temp_files_are_cleaned(tmp_path:
     seen: list[int] = []
 
     def on_pause() -> None:
-        tmps = list(tmp_path.glob("checkpoint.pt.tmp.*"))
+        tmps = stale_temps(files.checkpoint)
         assert len(tmps) == 1
         seen.append(tmps[0].stat().st_size)
         # the complete old checkpoint is still in place while the new one is half-written
         assert ckpt.decode(files.checkpoint.read_bytes())["step"] == 1
 
-    (tmp_path / "checkpoint.pt.tmp.99999").write_bytes(b"left by a killed writer")
+    (tmp_path / ".checkpoint.pt.99999.tmp").write_bytes(b"left by a killed writer")
     saved = ckpt.save(files, state(2), pause_s=0.01, on_pause=on_pause)
     assert len(seen) == 1 and 0 < seen[0] < saved.nbytes
     assert not list(tmp_path.glob("*.tmp*"))
