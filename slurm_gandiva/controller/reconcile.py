@@ -31,6 +31,7 @@ from slurm_gandiva.requeue.contract import JobFiles, suspend_signal
 from slurm_gandiva.requeue.protocol import Outcome, Phase, phase
 from slurm_gandiva.requeue.safe_read import MAX_TAIL_BYTES, read_job_outcome, read_job_text
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SlurmNode, Snapshot
+from slurm_gandiva.slurm.gres import gres_gpu_count
 from slurm_gandiva.store.api import DecisionRecord, JobRecord, SliceEnd, SliceRecord, StoreApi
 from slurm_gandiva.store.api import Outcome as StoreOutcome
 from slurm_gandiva.submit.spec import fallback_spec, load_spec
@@ -78,7 +79,6 @@ def spec_refusal(min_gpus: int, max_gpus: int, partition: str, nodes: Sequence[S
     across nodes gets the same GPUs on each). GPUs per node are Slurm's configured ones, whatever the node's
     state (a node that is down may come back); unknown (no node reports a GPU): None. Shared by registration
     (the job is not registered) and `gandiva squeue` (the REASON column)."""
-    from slurm_gandiva.submit.cli import gres_gpu_count
     from slurm_gandiva.submit.request import placeable
 
     if min_gpus < 1 or max_gpus < min_gpus:

@@ -178,7 +178,8 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _resize(args: argparse.Namespace) -> int:
-    from slurm_gandiva.requeue.protocol import busy_gpus, choose_gpus, parse_node_gpus
+    from slurm_gandiva.requeue.protocol import busy_gpus, choose_gpus
+    from slurm_gandiva.slurm.gres import node_gpus
 
     proto = _protocol(args)
     snap = proto.backend.snapshot()
@@ -195,7 +196,7 @@ def _resize(args: argparse.Namespace) -> int:
         raise BadRequest(f"no node {node}: see sinfo for the node names")
     current = tuple(job.gpus.get(node, ())) + tuple(job.shards.get(node, ()))
     gpus = choose_gpus(
-        parse_node_gpus(slurm_node.gres), busy_gpus(snap.jobs, node, exclude=args.job), args.gpus, current
+        node_gpus(slurm_node.gres), busy_gpus(snap.jobs, node, exclude=args.job), args.gpus, current
     )
     placement = _placement(node, gpus, args.shared)
     return _run(args, "resize", lambda: proto.resize(args.job, placement), proto.backend)

@@ -37,10 +37,10 @@ from slurm_gandiva.errors import (
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles
 from slurm_gandiva.requeue.safe_read import read_job_outcome
-from slurm_gandiva.slurm import gres_string
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.slurm.coalesce import CoalescedReads
+from slurm_gandiva.slurm.gres import parse_gres, typed_gres, typed_indices
 
 REQUEUE_HELD_REASON = "job_requeued_in_held_state"
 
@@ -186,33 +186,21 @@ class GresKind(enum.Enum):
     SHARD = "shard"  # shard:gK:n
 
 
-def _gres_entries(tres_per_node: str) -> list[list[str]]:
-    out = []
-    for part in tres_per_node.split(","):
-        part = part.strip()
-        for prefix in ("gres:", "gres/"):
-            part = part.removeprefix(prefix)
-        bits = part.split(":")
-        if len(bits) >= 2 and bits[-1].isdigit() and int(bits[-1]) > 0:
-            out.append(bits)
-    return out
-
-
 def gres_kind(tres_per_node: str) -> GresKind:
     """The kind of a job's GPU request, from Slurm's TresPerNode (e.g. "gres:gpu:g0:1,gres:gpu:g2:1")."""
-    entries = _gres_entries(tres_per_node)
-    if any(b[0] == "shard" for b in entries):
+    items = [g for g in parse_gres(tres_per_node) if g.count > 0]
+    if any(g.name == "shard" for g in items):
         return GresKind.SHARD
-    gpu = [b for b in entries if b[0] == "gpu"]
+    gpu = [g for g in items if g.name == "gpu"]
     if not gpu:
         return GresKind.NONE
-    return GresKind.GPU if all(len(b) == 3 for b in gpu) else GresKind.UNTYPED
+    return GresKind.GPU if all(g.type for g in gpu) else GresKind.UNTYPED
 
 
 def gres_for(placement: Placement) -> str:
     """Per-GPU typed gres for a placement, per node (the same GPUs on each of its nodes: `_check_placement`):
     gpu:g0:1,gpu:g2:1 (whole) or shard:g0:1,... (shared)."""
-    return gres_string(placement.on_node(placement.nodes[0]), shared=placement.shared)
+    return typed_gres(placement.on_node(placement.nodes[0]), shared=placement.shared)
 
 
 def node_fields(placement: Placement, job: SlurmJob) -> dict[str, str]:
@@ -883,15 +871,6 @@ def _escalated_rest(rest: Callable[[], OpResult]) -> OpResult:
     return _escalated(rest())
 
 
-def typed_indices(tres_per_node: str) -> set[int]:
-    """GPU indices named by a typed request (gpu:gK:n or shard:gK:n entries)."""
-    out: set[int] = set()
-    for b in _gres_entries(tres_per_node):
-        if len(b) == 3 and b[1].startswith("g") and b[1][1:].isdigit():
-            out.add(int(b[1][1:]))
-    return out
-
-
 def plan_gres(job: SlurmJob, placement: Placement, caps: SlurmCapabilities) -> str:
     """The per-GPU typed gres that gives `job` exactly `placement`; ProtocolError where Slurm cannot.
 
@@ -940,16 +919,6 @@ def _check_placement(placement: Placement) -> None:
                              "GPUs on every node (per-node gres); use the same GPU indices on each")
         if placement.shared:
             raise BadRequest(f"placement {placement}: a job across nodes runs on whole GPUs, not shards")
-
-
-def parse_node_gpus(gres: str) -> tuple[int, ...]:
-    """GPU indices in a node's configured gres (the project's one-type-per-GPU form gpu:gK:1)."""
-    out: set[int] = set()
-    for part in gres.split(","):
-        bits = part.split("(")[0].split(":")
-        if len(bits) >= 2 and bits[0] == "gpu" and bits[1].startswith("g") and bits[1][1:].isdigit():
-            out.add(int(bits[1][1:]))
-    return tuple(sorted(out))
 
 
 def busy_gpus(jobs: tuple[SlurmJob, ...], node: str, *, exclude: str = "") -> set[int]:

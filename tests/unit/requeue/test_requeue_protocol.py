@@ -26,7 +26,6 @@ from slurm_gandiva.requeue.protocol import (
     choose_gpus,
     gres_for,
     gres_kind,
-    parse_node_gpus,
     phase,
 )
 from slurm_gandiva.slurm.base import HoldKind
@@ -500,7 +499,6 @@ def test_gres_and_gpu_choice_helpers() -> None:
     assert gres_kind("gres:gpu:2") is GresKind.UNTYPED
     assert gres_kind("gres:shard:g1:1") is GresKind.SHARD
     assert gres_kind("gres/gpu:0") is GresKind.NONE
-    assert parse_node_gpus("gpu:g0:1,gpu:g1:1(S:0),shard:g0:2,gpu:g3:1") == (0, 1, 3)
     assert choose_gpus((0, 1, 2, 3), {1}, 2, prefer=(3,)) == (0, 3)
     with pytest.raises(BadRequest, match="free"):
         choose_gpus((0, 1), {0}, 2)
