@@ -34,7 +34,7 @@ from typing import Protocol
 from slurm_gandiva.errors import GandivaError, ProtocolError
 from slurm_gandiva.model import GpuRef, JobState, Placement
 from slurm_gandiva.plan import Action, Decision, Plan
-from slurm_gandiva.requeue.protocol import OpResult, Outcome, Step, StepEvent, StepEventKind
+from slurm_gandiva.requeue.operations import OpResult, Outcome, Step, StepEvent, StepEventKind
 from slurm_gandiva.slurm.base import SlurmBackend
 from slurm_gandiva.store.api import Outcome as StoreOutcome
 from slurm_gandiva.store.api import SliceEnd, StoreApi

@@ -28,7 +28,7 @@ from slurm_gandiva.errors import GandivaError, JobFileError
 from slurm_gandiva.model import GpuRef, JobState, Placement
 from slurm_gandiva.plan import Action
 from slurm_gandiva.requeue.contract import JobFiles, suspend_signal
-from slurm_gandiva.requeue.protocol import Outcome, Phase, phase
+from slurm_gandiva.requeue.operations import Outcome, Phase, phase
 from slurm_gandiva.requeue.safe_read import MAX_TAIL_BYTES, read_job_outcome, read_job_text
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SlurmNode, Snapshot
 from slurm_gandiva.slurm.gres import gres_gpu_count

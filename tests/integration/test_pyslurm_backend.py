@@ -25,7 +25,8 @@ from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import InvalidRequest, SlurmError, SlurmUnreachable, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK
-from slurm_gandiva.requeue.protocol import Outcome, Phase, RequeueProtocol, phase
+from slurm_gandiva.requeue.operations import Outcome, Phase, phase
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import installed_release

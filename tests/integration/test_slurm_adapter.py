@@ -13,7 +13,7 @@ from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, SlurmUnreachable, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK
-from slurm_gandiva.requeue.protocol import is_held
+from slurm_gandiva.requeue.operations import is_held
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SubmitRequest
 from slurm_gandiva.slurm.cli_backend import _classify

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from slurm_gandiva.errors import ProtocolError, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement
-from slurm_gandiva.requeue.protocol import Op, OpResult, Outcome, Step, StepRecord
+from slurm_gandiva.requeue.operations import Op, OpResult, Outcome, Step, StepRecord
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 

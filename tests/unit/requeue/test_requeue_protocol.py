@@ -10,24 +10,19 @@ from requeue_fakes import FakeClock, FakeJob, FakeSlurm
 
 from slurm_gandiva.errors import BadRequest, PermissionDenied, ProtocolError
 from slurm_gandiva.model import GpuRef, Placement
-from slurm_gandiva.requeue.protocol import (
-    RELEASE_LEAD_S,
-    GresKind,
+from slurm_gandiva.requeue.gres_plan import GresKind, busy_gpus, choose_gpus, gres_for, gres_kind
+from slurm_gandiva.requeue.operations import (
     Op,
     Outcome,
     Phase,
-    RequeueProtocol,
     Step,
     StepEvent,
     StepEventKind,
     StepRecord,
     as_mapping,
-    busy_gpus,
-    choose_gpus,
-    gres_for,
-    gres_kind,
     phase,
 )
+from slurm_gandiva.requeue.protocol import RELEASE_LEAD_S, RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind
 
 
