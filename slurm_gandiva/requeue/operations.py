@@ -1,11 +1,13 @@
-"""The requeue protocol's operations as its callers see them: where a job is (`Phase`, `phase`), the
-operations and their steps, what the journal receives, and each operation's result."""
+"""The requeue protocol's operations as its callers see them: their signatures (`Operations`, declared once),
+where a job is (`Phase`, `phase`), the operations and their steps, what the journal receives, and each
+operation's result."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob
@@ -124,6 +126,42 @@ class OpResult:
 
 
 Journal = Callable[[StepEvent], None]
+
+
+class Operations(Protocol):
+    """The four operations (`RequeueProtocol`'s; the controller's fakes in tests). Each stops a running job
+    with `signal`, the one that job catches (None: the protocol's configured one); all are idempotent."""
+
+    def suspend(self, job_id: str, *, signal: str | None = None) -> OpResult: ...
+
+    def resume(
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        until_free: Callable[[], None] | None = None,
+        defer: bool = False,
+    ) -> OpResult: ...
+
+    def migrate(
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        signal: str | None = None,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
+    ) -> OpResult: ...
+
+    def resize(
+        self,
+        job_id: str,
+        placement: Placement,
+        *,
+        signal: str | None = None,
+        on_stopped: Callable[[], None] | None = None,
+        defer: bool = False,
+    ) -> OpResult: ...
 
 
 def is_held(job: SlurmJob) -> bool:

@@ -75,10 +75,11 @@ def _read_outcome(path: Path, owner: str) -> str | None:
 class _Run:
     """Bookkeeping of one operation: records steps and feeds the journal."""
 
-    def __init__(self, proto: RequeueProtocol, job_id: str, op: Op) -> None:
+    def __init__(self, proto: RequeueProtocol, job_id: str, op: Op, signal: str | None = None) -> None:
         self.proto = proto
         self.job_id = job_id
         self.op = op
+        self.signal = signal or proto.signal_name  # what stops the job (suspend and moves)
         self.steps: list[StepRecord] = []
         # The job as read once it was admin-held: nothing but the controller changes it after that, so the
         # resume half of a move starts from it instead of reading it again.
@@ -139,7 +140,8 @@ NUDGE_EVERY_S = 1.0
 class RequeueProtocol:
     """Suspend, resume, migrate and resize jobs through Slurm's held requeue.
 
-    Must run as root / SlurmUser (admin holds, updates of other users' jobs). `jobs_root` is the directory
+    Must run as root / SlurmUser (admin holds, updates of other users' jobs). A job is stopped with the signal
+    its operation names (the one it catches), else with `signal_name`. `jobs_root` is the directory
     that holds each job's state directory (<jobs_root>/<job id>); with it, suspend also checks the wrapper's
     status.json. `clock` and `sleep` are injected (monotonic seconds); `wall` is the wall clock Slurm's
     job credentials are dated by.
@@ -219,14 +221,14 @@ class RequeueProtocol:
 
     # -- suspend -----------------------------------------------------------------------------------
 
-    def suspend(self, job_id: str) -> OpResult:
+    def suspend(self, job_id: str, *, signal: str | None = None) -> OpResult:
         """Stop a job at a mini-batch boundary into an admin-held requeue.
 
-        A running job is signalled; if it has not requeue-held itself within `suspend_timeout`, root
-        requeue-holds it (Outcome.ESCALATED: progress since its last checkpoint is lost). A pending job is
-        just held. A job that finishes instead is reported as Outcome.FINISHED.
+        A running job is signalled (`signal`, else `signal_name`); if it has not requeue-held itself within
+        `suspend_timeout`, root requeue-holds it (Outcome.ESCALATED: progress since its last checkpoint is
+        lost). A pending job is just held. A job that finishes instead is reported as Outcome.FINISHED.
         """
-        run = _Run(self, job_id, Op.SUSPEND)
+        run = _Run(self, job_id, Op.SUSPEND, signal)
         return self._suspend(run)
 
     def _suspend(self, run: _Run) -> OpResult:
@@ -301,8 +303,8 @@ class RequeueProtocol:
         def act() -> str:
             while True:
                 try:
-                    self.backend.signal(run.job_id, self.signal_name, batch_only=True)
-                    return f"SIG{self.signal_name.upper().removeprefix('SIG')} to the batch shell"
+                    self.backend.signal(run.job_id, run.signal, batch_only=True)
+                    return f"SIG{run.signal.upper().removeprefix('SIG')} to the batch shell"
                 except (PermissionDenied, UnknownJob):
                     raise
                 except SlurmError as exc:
@@ -634,36 +636,39 @@ class RequeueProtocol:
         job_id: str,
         placement: Placement,
         *,
+        signal: str | None = None,
         on_stopped: Callable[[], None] | None = None,
         defer: bool = False,
     ) -> OpResult:
-        """Move a job to `placement` (same GPU count): suspend, then resume there. `on_stopped` is called once
-        the job holds no GPU any more (after the suspend half, or at once if it was not running); `defer` as
-        for `resume`."""
-        return self._move(Op.MIGRATE, job_id, placement, on_stopped, defer)
+        """Move a job to `placement` (same GPU count): suspend (with `signal`), then resume there. `on_stopped`
+        is called once the job holds no GPU any more (after the suspend half, or at once if it was not
+        running); `defer` as for `resume`."""
+        return self._move(Op.MIGRATE, job_id, placement, signal, on_stopped, defer)
 
     def resize(
         self,
         job_id: str,
         placement: Placement,
         *,
+        signal: str | None = None,
         on_stopped: Callable[[], None] | None = None,
         defer: bool = False,
     ) -> OpResult:
         """Give a job another GPU count: suspend, then resume on `placement` (world-size independent ckpt);
-        `on_stopped` and `defer` as for `migrate`."""
-        return self._move(Op.RESIZE, job_id, placement, on_stopped, defer)
+        `signal`, `on_stopped` and `defer` as for `migrate`."""
+        return self._move(Op.RESIZE, job_id, placement, signal, on_stopped, defer)
 
     def _move(
         self,
         op: Op,
         job_id: str,
         placement: Placement,
+        signal: str | None = None,
         on_stopped: Callable[[], None] | None = None,
         defer: bool = False,
     ) -> OpResult:
         check_placement(placement)
-        run = _Run(self, job_id, op)
+        run = _Run(self, job_id, op, signal)
         job = self.read_job(job_id)
         ph = phase(job)
         if ph is Phase.RUNNING and placement_of(job) == placement:

@@ -84,6 +84,18 @@ def test_suspend_running_job_signals_waits_and_admin_holds(
     assert "admin-hold" in res.describe() and "total" in res.describe()
 
 
+def test_each_operation_sends_the_signal_it_names(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7"))
+    slurm.add(FakeJob("8", gpus=(1,)))
+    slurm.add(FakeJob("9", gpus=(2,)))
+    res = proto.suspend("7", signal="ALRM")
+    assert res.outcome is Outcome.SUSPENDED
+    assert (res.step(Step.SIGNAL) or pytest.fail()).detail == "SIGALRM to the batch shell"
+    assert proto.migrate("8", place("n1", 3), signal="URG").outcome is Outcome.RUNNING
+    assert proto.suspend("9").outcome is Outcome.SUSPENDED  # none named: the protocol's own
+    assert [c[2] for c in slurm.called("signal")] == ["ALRM", "URG", "USR2"]
+
+
 def test_suspend_twice_is_a_no_op(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
     slurm.add(FakeJob("7"))
     proto.suspend("7")
