@@ -46,7 +46,8 @@ from slurm_gandiva.controller.service import Controller, TickReport
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import ClusterView, GpuRef, JobState, Placement
 from slurm_gandiva.requeue.contract import JobFiles, Progress, write_progress
-from slurm_gandiva.requeue.protocol import OpResult, Outcome, RequeueProtocol, Step
+from slurm_gandiva.requeue.operations import OpResult, Outcome, Step
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import SlurmBackend, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.cli_backend import CliBackend

@@ -41,7 +41,8 @@ from job_wrapper.launcher import process_started
 from slurm_gandiva.devcluster.cluster import SCHEDULER_PARAMETERS, DevCluster
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, read_progress
-from slurm_gandiva.requeue.protocol import RequeueProtocol, Step, StepEvent, StepEventKind
+from slurm_gandiva.requeue.operations import Step, StepEvent, StepEventKind
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import SlurmBackend, SubmitRequest
 

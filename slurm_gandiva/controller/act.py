@@ -34,7 +34,7 @@ from typing import Protocol
 from slurm_gandiva.errors import GandivaError, ProtocolError
 from slurm_gandiva.model import GpuRef, JobState, Placement
 from slurm_gandiva.plan import Action, Decision, Plan
-from slurm_gandiva.requeue.protocol import OpResult, Outcome, Step, StepEvent, StepEventKind
+from slurm_gandiva.requeue.operations import Operations, OpResult, Outcome, Step, StepEvent, StepEventKind
 from slurm_gandiva.slurm.base import SlurmBackend
 from slurm_gandiva.store.api import Outcome as StoreOutcome
 from slurm_gandiva.store.api import SliceEnd, StoreApi
@@ -69,111 +69,15 @@ class MetricsLike(Protocol):
     def step(self, step: str | Step, seconds: float, *, ok: bool = True) -> None: ...
 
 
-class ProtocolLike(Protocol):
-    """What the actor needs of slurm_gandiva.requeue.protocol.RequeueProtocol."""
-
-    def suspend(self, job_id: str) -> OpResult: ...
-
-    def resume(
-        self,
-        job_id: str,
-        placement: Placement,
-        *,
-        until_free: Callable[[], None] | None = None,
-        defer: bool = False,
-    ) -> OpResult: ...
-
-    def migrate(
-        self,
-        job_id: str,
-        placement: Placement,
-        *,
-        on_stopped: Callable[[], None] | None = None,
-        defer: bool = False,
-    ) -> OpResult: ...
-
-    def resize(
-        self,
-        job_id: str,
-        placement: Placement,
-        *,
-        on_stopped: Callable[[], None] | None = None,
-        defer: bool = False,
-    ) -> OpResult: ...
-
-
-class JobSignals:
-    """A ProtocolLike that stops each job with the signal that job catches (`gandiva sbatch --signal`,
-    recorded with the job; the configured signal for jobs without one).
-
-    RequeueProtocol sends one signal; this keeps one protocol per signal, made by `make(signal)`, and
-    routes every operation on a job to the protocol of its signal. A job's signal never changes, so each
-    job's credential-guard bookkeeping stays within one protocol.
-    """
-
-    def __init__(self, make: Callable[[str], ProtocolLike], signal_of: Callable[[str], str], default: str) -> None:
-        self.make = make
-        self.signal_of = signal_of
-        self.default = default
-        self._by_signal: dict[str, ProtocolLike] = {}
-        self._lock = threading.Lock()
-
-    def signal_for(self, job_id: str) -> str:
-        """The signal `job_id` is stopped with."""
-        try:
-            return self.signal_of(job_id) or self.default
-        except Exception:
-            log.exception("job %s: its signal is unknown; using the configured %s", job_id, self.default)
-            return self.default
-
-    def protocol_for(self, job_id: str) -> ProtocolLike:
-        sig = self.signal_for(job_id)
-        with self._lock:
-            if sig not in self._by_signal:
-                self._by_signal[sig] = self.make(sig)
-            return self._by_signal[sig]
-
-    def configure(self, default: str, **settings: float) -> None:
-        """A reload: the configured signal and protocol settings (e.g. suspend_timeout) for every protocol."""
-        with self._lock:
-            self.default = default
-            for proto in self._by_signal.values():
-                for name, value in settings.items():
-                    if hasattr(proto, name):
-                        setattr(proto, name, value)
-
-    def suspend(self, job_id: str) -> OpResult:
-        return self.protocol_for(job_id).suspend(job_id)
-
-    def resume(
-        self,
-        job_id: str,
-        placement: Placement,
-        *,
-        until_free: Callable[[], None] | None = None,
-        defer: bool = False,
-    ) -> OpResult:
-        return self.protocol_for(job_id).resume(job_id, placement, until_free=until_free, defer=defer)
-
-    def migrate(
-        self,
-        job_id: str,
-        placement: Placement,
-        *,
-        on_stopped: Callable[[], None] | None = None,
-        defer: bool = False,
-    ) -> OpResult:
-        return self.protocol_for(job_id).migrate(job_id, placement, on_stopped=on_stopped, defer=defer)
-
-    def resize(
-        self,
-        job_id: str,
-        placement: Placement,
-        *,
-        on_stopped: Callable[[], None] | None = None,
-        defer: bool = False,
-    ) -> OpResult:
-        return self.protocol_for(job_id).resize(job_id, placement, on_stopped=on_stopped, defer=defer)
+def job_signal(store: StoreApi, job_id: str) -> str | None:
+    """The signal recorded with the job (`gandiva sbatch --signal`), which the protocol stops it with; None
+    when none was recorded or it cannot be read: the configured signal."""
+    try:
+        rec = store.get_job(job_id)
+    except Exception:
+        log.exception("job %s: its signal is unknown; using the configured one", job_id)
+        return None
+    return (rec.signal or None) if rec is not None else None
 
 
 @dataclass(frozen=True)
@@ -233,7 +137,7 @@ class Actor:
         self.clock = clock
         self.crash_at = crash_at.strip().lower() if crash_at else None
         self.should_stop = should_stop
-        self.protocol: ProtocolLike | None = None
+        self.protocol: Operations | None = None
         self.metrics = metrics
         self._lock = threading.Lock()
         self._decision_of: dict[str, int] = {}  # job id -> decision id while its operation runs
@@ -505,13 +409,14 @@ class Actor:
     ) -> OpResult:
         assert self.protocol is not None
         if d.action is Action.SUSPEND:
-            return self.protocol.suspend(d.job_id)
+            return self.protocol.suspend(d.job_id, signal=job_signal(self.store, d.job_id))
         assert d.placement is not None, f"{d.action.value} without a placement"
         if d.action in (Action.START, Action.RESUME):
             return self.protocol.resume(d.job_id, d.placement, until_free=until_free, defer=defer)
+        sig = job_signal(self.store, d.job_id)
         if d.action is Action.RESIZE:
-            return self.protocol.resize(d.job_id, d.placement, on_stopped=on_stopped, defer=defer)
-        return self.protocol.migrate(d.job_id, d.placement, on_stopped=on_stopped, defer=defer)
+            return self.protocol.resize(d.job_id, d.placement, signal=sig, on_stopped=on_stopped, defer=defer)
+        return self.protocol.migrate(d.job_id, d.placement, signal=sig, on_stopped=on_stopped, defer=defer)
 
     def _close(self, job_id: str, end: float, reason: SliceEnd) -> None:
         if self.store.close_slice(job_id, end, reason) is not None and self.metrics is not None:

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from slurm_gandiva.model import (
 )
 from slurm_gandiva.requeue.contract import JOB_MARK
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot
+from slurm_gandiva.slurm.gres import Gres, gpu_index, parse_gres
 from slurm_gandiva.store.api import JobRecord, RateRecord, SliceRecord
 
 log = logging.getLogger(__name__)
@@ -78,45 +78,34 @@ def is_managed(job: SlurmJob, partitions: Iterable[str]) -> bool:
     return any(p in parts for p in job.partition.split(","))
 
 
-_GRES_ITEM = re.compile(r"^(gpu|shard)(?::([A-Za-z0-9_]+))?:(\d+)$")
-
-
-def parse_gres_request(tres: str) -> tuple[tuple[str, str | None, int], ...]:
-    """Parse a gres request like `gres:gpu:g0:1,gres:gpu:g2:1` or `gres/gpu:2` into (name, type, count)."""
-    out: list[tuple[str, str | None, int]] = []
-    for raw in tres.split(","):
-        item = raw.strip()
-        for prefix in ("gres:", "gres/"):
-            item = item.removeprefix(prefix)
-        m = _GRES_ITEM.match(item)
-        if m:
-            out.append((m.group(1), m.group(2), int(m.group(3))))
-    return tuple(out)
+def _gpu_items(job: SlurmJob) -> list[Gres]:
+    """The gpu and shard items of a job's per-node gres request."""
+    return [g for g in parse_gres(job.tres_per_node) if g.name in ("gpu", "shard")]
 
 
 def requested_gpu_count(job: SlurmJob) -> int:
     """How many GPUs a job asks for (typed items count once each; shards count per GPU type)."""
-    items = parse_gres_request(job.tres_per_node)
-    gpus = sum(c for name, _t, c in items if name == "gpu")
+    items = _gpu_items(job)
+    gpus = sum(g.count for g in items if g.name == "gpu")
     if gpus:
         return gpus
-    shard_types = {t for name, t, _c in items if name == "shard"}
-    return len(shard_types)
+    return len({g.type for g in items if g.name == "shard"})
 
 
 def requested_placement(job: SlurmJob) -> Placement | None:
     """The exact placement a pending job was released onto: its required nodes and typed gres `gK` (the same
     GPUs on each node), else None."""
-    items = parse_gres_request(job.tres_per_node)
+    items = _gpu_items(job)
     if not job.nodes or not items:
         return None
     idx: list[int] = []
     shared = False
-    for name, typ, _c in items:
-        if typ is None or not re.fullmatch(r"g\d+", typ):
+    for g in items:
+        k = gpu_index(g.type)
+        if k is None:
             return None
-        idx.append(int(typ[1:]))
-        shared = shared or name == "shard"
+        idx.append(k)
+        shared = shared or g.name == "shard"
     return Placement(tuple(GpuRef(n, i) for n in job.nodes for i in sorted(set(idx))), shared=shared)
 
 

@@ -17,21 +17,17 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gandiva.controller.act import (
-    SLICE_END_FOR,
-    ProtocolLike,
-    finished_job_state,
-    finished_slice_end,
-)
+from slurm_gandiva.controller.act import SLICE_END_FOR, finished_job_state, finished_slice_end, job_signal
 from slurm_gandiva.controller.observe import held_placement, is_managed, requested_gpu_count
 from slurm_gandiva.errors import GandivaError, JobFileError
 from slurm_gandiva.model import GpuRef, JobState, Placement, placeable
 from slurm_gandiva.plan import Action
 from slurm_gandiva.requeue.contract import JobFiles, suspend_signal
-from slurm_gandiva.requeue.protocol import Outcome, Phase, phase
+from slurm_gandiva.requeue.operations import Operations, Outcome, Phase, phase
 from slurm_gandiva.requeue.safe_read import MAX_TAIL_BYTES, read_job_outcome, read_job_text
 from slurm_gandiva.requeue.spec import fallback_spec, load_spec
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SlurmNode, Snapshot
+from slurm_gandiva.slurm.gres import gres_gpu_count
 from slurm_gandiva.store.api import DecisionRecord, JobRecord, SliceEnd, SliceRecord, StoreApi
 from slurm_gandiva.store.api import Outcome as StoreOutcome
 
@@ -78,7 +74,6 @@ def spec_refusal(min_gpus: int, max_gpus: int, partition: str, nodes: Sequence[S
     across nodes gets the same GPUs on each). GPUs per node are Slurm's configured ones, whatever the node's
     state (a node that is down may come back); unknown (no node reports a GPU): None. Shared by registration
     (the job is not registered) and `gandiva squeue` (the REASON column)."""
-    from slurm_gandiva.submit.cli import gres_gpu_count
 
     if min_gpus < 1 or max_gpus < min_gpus:
         return f"refused: the spec asks for {min_gpus}:{max_gpus} GPUs; fix the spec file or cancel the job"
@@ -322,7 +317,7 @@ class Reconciler:
         self._note(out, reason.value, rec.job_id, "no longer in Slurm's queue" if sj is None else sj.state)
 
     # -- startup --------------------------------------------------------------------------------------------
-    def recover(self, snap: Snapshot, protocol: ProtocolLike) -> tuple[Finding, ...]:
+    def recover(self, snap: Snapshot, protocol: Operations) -> tuple[Finding, ...]:
         """Finish or roll back every decision left without an outcome (oldest first)."""
         out: list[Finding] = []
         jobs = {j.job_id: j for j in snap.jobs}
@@ -336,7 +331,7 @@ class Reconciler:
         return tuple(out)
 
     def _recover_one(
-        self, d: DecisionRecord, jobs: Mapping[str, SlurmJob], protocol: ProtocolLike, out: list[Finding]
+        self, d: DecisionRecord, jobs: Mapping[str, SlurmJob], protocol: Operations, out: list[Finding]
     ) -> None:
         sj = jobs.get(d.job_id)
         if sj is None:
@@ -351,7 +346,7 @@ class Reconciler:
             # A second signal would hit a wrapper that is already checkpointing: wait for it instead.
             ph = self._await_stop(d, out)
         if d.action is Action.SUSPEND:
-            res = protocol.suspend(d.job_id)  # idempotent: skips what is already done
+            res = protocol.suspend(d.job_id, signal=job_signal(self.store, d.job_id))  # idempotent: skips what is done
             now = self.clock()
             if res.outcome is Outcome.FINISHED:
                 self.store.record_outcome(d.id, StoreOutcome.ABANDONED, res.detail, now)
@@ -372,9 +367,9 @@ class Reconciler:
         if d.action in (Action.START, Action.RESUME):
             res = protocol.resume(d.job_id, target)
         elif d.action is Action.RESIZE:
-            res = protocol.resize(d.job_id, target)
+            res = protocol.resize(d.job_id, target, signal=job_signal(self.store, d.job_id))
         else:
-            res = protocol.migrate(d.job_id, target)
+            res = protocol.migrate(d.job_id, target, signal=job_signal(self.store, d.job_id))
         if res.outcome is Outcome.FINISHED:
             self.store.record_outcome(d.id, StoreOutcome.ABANDONED, res.detail, self.clock())
             return
@@ -428,10 +423,10 @@ class Reconciler:
         self.store.record_outcome(d.id, StoreOutcome.SUCCEEDED, detail, now)
         self._note(out, f"finished-{d.action.value}", d.job_id, detail)
 
-    def _roll_back(self, d: DecisionRecord, sj: SlurmJob, protocol: ProtocolLike, out: list[Finding]) -> None:
+    def _roll_back(self, d: DecisionRecord, sj: SlurmJob, protocol: Operations, out: list[Finding]) -> None:
         """The target GPUs went to someone else: leave the job suspended; the next tick decides again."""
         if phase(sj) in (Phase.RUNNING, Phase.STOPPING):
-            protocol.suspend(d.job_id)
+            protocol.suspend(d.job_id, signal=job_signal(self.store, d.job_id))
         elif sj.hold is not HoldKind.ADMIN:
             self.backend.hold(d.job_id)
         now = self.clock()

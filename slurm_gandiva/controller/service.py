@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from slurm_gandiva.config import ControllerConfig, load_config
-from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult, JobSignals, ProtocolLike
+from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult
 from slurm_gandiva.controller.arrays import (
     GroupSpecs,
     array_places,
@@ -52,6 +52,7 @@ from slurm_gandiva.errors import ConfigError, GandivaError, JobFileError
 from slurm_gandiva.model import ClusterView, GpuRef, Placement, Topology, Trial, TrialKind
 from slurm_gandiva.plan import Action, Plan, apply_decision
 from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.requeue.operations import Operations
 from slurm_gandiva.requeue.safe_read import read_job_progress
 from slurm_gandiva.selector.base import Policy
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmJob, Snapshot
@@ -170,7 +171,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
         *,
         policy: Policy | None = None,
-        protocol: ProtocolLike | None = None,
+        protocol: Operations | None = None,
         topology: Topology | None = None,
         progress_reader: ProgressReader | None = None,
         config_path: str | os.PathLike[str] | None = None,
@@ -221,29 +222,20 @@ class Controller:
         self.reconciler = self._make_reconciler()
         self._reconciled = False
 
-    def _make_protocol(self) -> ProtocolLike:
-        """The requeue protocol, stopping each job with its own signal (see JobSignals)."""
+    def _make_protocol(self) -> Operations:
+        """The requeue protocol. The actor and the reconciler name each job's own signal (`act.job_signal`);
+        jobs without one are stopped with the configured signal."""
         from slurm_gandiva.requeue.protocol import RequeueProtocol
         from slurm_gandiva.slurm.coalesce import CoalescedReads
 
-        reads = CoalescedReads(self.backend)  # one for all signals' protocols: their polls share queries
-
-        def make(sig: str) -> ProtocolLike:
-            return RequeueProtocol(
-                self.backend,
-                signal_name=sig,
-                suspend_timeout=self.config.suspend_timeout,
-                journal=self.actor.journal,
-                jobs_root=self.config.job_root,
-                reads=reads,
-            )
-
-        return JobSignals(make, self._job_signal, self.config.signal)
-
-    def _job_signal(self, job_id: str) -> str:
-        """The signal recorded with the job ("" when none was: the configured one)."""
-        rec = self.store.get_job(job_id)
-        return rec.signal if rec is not None else ""
+        return RequeueProtocol(
+            self.backend,
+            signal_name=self.config.signal,
+            suspend_timeout=self.config.suspend_timeout,
+            journal=self.actor.journal,
+            jobs_root=self.config.job_root,
+            reads=CoalescedReads(self.backend),  # the actor's threads' polls share queries
+        )
 
     def _make_reconciler(self) -> Reconciler:
         return Reconciler(
@@ -608,9 +600,7 @@ class Controller:
             old = self.config
             self.config, self.policy, self.topology = cfg, policy, topo
             proto: Any = self.protocol
-            if isinstance(proto, JobSignals):
-                proto.configure(cfg.signal, suspend_timeout=cfg.suspend_timeout)
-            elif hasattr(proto, "signal_name"):
+            if hasattr(proto, "signal_name"):
                 proto.signal_name = cfg.signal
                 proto.suspend_timeout = cfg.suspend_timeout
             self.reconciler = self._make_reconciler()

@@ -28,6 +28,7 @@ from slurm_gandiva.errors import ConfigError, GandivaError, SlurmUnreachable
 from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.contract import write_atomic
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities, installed_release
+from slurm_gandiva.slurm.gres import Gres, write_gres
 
 log = logging.getLogger(__name__)
 
@@ -314,11 +315,11 @@ class DevCluster:
         node_ctx = []
         for node in topo.nodes:
             idx = [g.ref.index for g in node.gpus]
-            gres = ",".join([f"gpu:g{k}:1" for k in idx] + [f"shard:g{k}:{node.shards}" for k in idx])
+            gres = [Gres("gpu", f"g{k}", 1) for k in idx] + [Gres("shard", f"g{k}", node.shards) for k in idx]
             node_ctx.append({
                 "name": node.name,
                 "port": self.slurmd_port(node.name),
-                "gres": gres,
+                "gres": write_gres(gres),
                 "shards": node.shards,
                 "gpus": [{"index": k, "device": str(self.state_dir / "dev" / f"gpu{k}")} for k in idx],
             })

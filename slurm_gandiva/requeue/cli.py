@@ -17,7 +17,8 @@ from slurm_gandiva.errors import BadRequest, PermissionDenied, SlurmError
 
 if TYPE_CHECKING:
     from slurm_gandiva.model import Placement
-    from slurm_gandiva.requeue.protocol import OpResult, RequeueProtocol
+    from slurm_gandiva.requeue.operations import OpResult
+    from slurm_gandiva.requeue.protocol import RequeueProtocol
     from slurm_gandiva.slurm.base import SlurmBackend
 
 JOBS_ROOT_ENV = "GANDIVA_JOBS_ROOT"
@@ -118,7 +119,7 @@ def _placement(node: str, gpus: tuple[int, ...], shared: bool) -> Placement:
 
 
 def _report(args: argparse.Namespace, result: OpResult) -> int:
-    from slurm_gandiva.requeue.protocol import as_mapping
+    from slurm_gandiva.requeue.operations import as_mapping
 
     if args.json:
         json.dump(as_mapping(result), sys.stdout, indent=2)
@@ -146,7 +147,7 @@ def _run(args: argparse.Namespace, op: str, call: Callable[[], OpResult], backen
 def _refuse_failed_end(op: str, result: OpResult, backend: SlurmBackend) -> None:
     """A job that ended instead (Outcome.FINISHED) in anything but COMPLETED makes the verb fail (one line)."""
     from slurm_gandiva.errors import ProtocolError
-    from slurm_gandiva.requeue.protocol import Outcome
+    from slurm_gandiva.requeue.operations import Outcome
 
     if result.outcome is not Outcome.FINISHED:
         return
@@ -178,7 +179,8 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _resize(args: argparse.Namespace) -> int:
-    from slurm_gandiva.requeue.protocol import busy_gpus, choose_gpus, parse_node_gpus
+    from slurm_gandiva.requeue.gres_plan import busy_gpus, choose_gpus
+    from slurm_gandiva.slurm.gres import node_gpus
 
     proto = _protocol(args)
     snap = proto.backend.snapshot()
@@ -195,7 +197,7 @@ def _resize(args: argparse.Namespace) -> int:
         raise BadRequest(f"no node {node}: see sinfo for the node names")
     current = tuple(job.gpus.get(node, ())) + tuple(job.shards.get(node, ()))
     gpus = choose_gpus(
-        parse_node_gpus(slurm_node.gres), busy_gpus(snap.jobs, node, exclude=args.job), args.gpus, current
+        node_gpus(slurm_node.gres), busy_gpus(snap.jobs, node, exclude=args.job), args.gpus, current
     )
     placement = _placement(node, gpus, args.shared)
     return _run(args, "resize", lambda: proto.resize(args.job, placement), proto.backend)

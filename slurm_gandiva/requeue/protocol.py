@@ -10,23 +10,22 @@ that died half-way can simply run the same operation again.
 
 Where Slurm merges a gres update into the job's earlier request (22.05), the CLI backend clears the old
 request first, so whole GPUs are replaced exactly; there shards cannot be cleared and a job cannot switch
-between gpu and shard (see `plan_gres`). What the running Slurm does is `backend.capabilities()`.
+between gpu and shard (see `gres_plan.plan_gres`). What the running Slurm does is `backend.capabilities()`.
+The operations' types (results, steps, phases) are in operations.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from slurm_gandiva.errors import (
-    BadRequest,
     InvalidRequest,
     JobFileError,
     PermissionDenied,
@@ -34,209 +33,26 @@ from slurm_gandiva.errors import (
     SlurmError,
     UnknownJob,
 )
-from slurm_gandiva.model import GpuRef, Placement
+from slurm_gandiva.model import Placement
 from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.requeue.gres_plan import check_placement, gres_kind, gres_refusal, node_fields, plan_gres
+from slurm_gandiva.requeue.operations import (
+    Journal,
+    Op,
+    OpResult,
+    Outcome,
+    Phase,
+    Step,
+    StepEvent,
+    StepEventKind,
+    StepRecord,
+    is_held,
+    phase,
+    placement_of,
+)
 from slurm_gandiva.requeue.safe_read import read_job_outcome
-from slurm_gandiva.slurm import gres_string
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob
-from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.slurm.coalesce import CoalescedReads
-
-REQUEUE_HELD_REASON = "job_requeued_in_held_state"
-
-
-class Phase(enum.Enum):
-    """Where a job is in the cycle, as far as Slurm shows it."""
-
-    RUNNING = "running"  # holds its allocation
-    STOPPING = "stopping"  # completing / being requeued: wait, do not act
-    REQUEUED = "requeued"  # pending with the owner's hold (requeue-hold, or job_submit.lua's): not yet admin-held
-    HELD = "held"  # pending with the admin hold, ran before: suspended, ready to resume
-    QUEUED_HELD = "queued-held"  # pending with the admin hold, never ran: ready for its first start
-    RELEASED = "released"  # pending without a hold: Slurm may start it (begin time, resources)
-    FINISHED = "finished"  # completed, failed or cancelled
-
-
-class Op(enum.Enum):
-    SUSPEND = "suspend"
-    RESUME = "resume"
-    MIGRATE = "migrate"
-    RESIZE = "resize"
-
-
-class Step(enum.Enum):
-    """One idempotent step of an operation."""
-
-    SIGNAL = "signal"  # scancel --signal=SIG --batch JOB
-    WAIT_REQUEUE = "wait-requeue"  # until PENDING + held (the wrapper requeue-held itself)
-    ESCALATE = "escalate"  # timeout: root requeuehold; progress since the last checkpoint is lost
-    WAIT_CHECKPOINT = "wait-checkpoint"  # the wrapper's fresh status.json says "suspended"
-    ADMIN_HOLD = "admin-hold"  # scontrol hold: the owner can no longer release it
-    SET_PLACEMENT = "set-placement"  # scontrol update nodelist=N gres=gpu:gK:1,...
-    CLEAR_BEGIN = "clear-begin"  # starttime=now+N, for a credential to lapse (else set with the placement)
-    RELEASE = "release"  # scontrol release
-    WAIT_FREE = "wait-free"  # released ahead: until the jobs that hold its GPUs have stopped (`resume`)
-    WAIT_RUNNING = "wait-running"  # until RUNNING
-    VERIFY = "verify"  # Slurm's GPUs == the placement
-
-
-class Outcome(enum.Enum):
-    SUSPENDED = "suspended"  # held, clean checkpoint (or never ran)
-    ESCALATED = "escalated"  # held, but forced: progress since the last checkpoint is lost
-    RUNNING = "running"  # running on the requested placement
-    STARTING = "starting"  # set up (held until its begin time, or released): `OpResult.rest` waits until it runs
-    FINISHED = "finished"  # the job ended (done, failed, cancelled) instead
-
-
-class StepEventKind(enum.Enum):
-    START = "start"
-    END = "end"
-    SKIP = "skip"
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """What the journal callback receives: a step starting, ending or being skipped (already done)."""
-
-    job_id: str
-    op: Op
-    step: Step
-    kind: StepEventKind
-    seconds: float = 0.0
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One step as carried out: how long it took and what it found."""
-
-    step: Step
-    seconds: float
-    detail: str = ""
-    skipped: bool = False
-
-
-@dataclass(frozen=True)
-class OpResult:
-    """The outcome of one operation and each of its steps, in order."""
-
-    job_id: str
-    op: Op
-    outcome: Outcome
-    steps: tuple[StepRecord, ...]
-    placement: Placement | None = None
-    detail: str = ""
-    # STARTING only: the rest of the start (the release at its begin time if still held, the wait until it runs,
-    # the GPU check); returns the operation's final result (its steps include these), raises as it would have.
-    rest: Callable[[], OpResult] | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def escalated(self) -> bool:
-        return self.outcome is Outcome.ESCALATED
-
-    @property
-    def seconds(self) -> float:
-        return sum(s.seconds for s in self.steps)
-
-    def step(self, step: Step) -> StepRecord | None:
-        """The last record of `step`, if it ran or was skipped."""
-        return next((s for s in reversed(self.steps) if s.step is step), None)
-
-    def describe(self) -> str:
-        """Human-readable lines: one per step with its duration, then the outcome."""
-        lines = []
-        for s in self.steps:
-            what = "skipped" if s.skipped else f"{s.seconds:7.3f} s"
-            lines.append(f"  {s.step.value:<16} {what:>10}  {s.detail}".rstrip())
-        where = f" on {self.placement}" if self.placement else ""
-        tail = f": {self.detail}" if self.detail else ""
-        lines.append(f"job {self.job_id}: {self.op.value} -> {self.outcome.value}{where}{tail}")
-        lines.append(f"  total {self.seconds:.3f} s")
-        return "\n".join(lines)
-
-
-Journal = Callable[[StepEvent], None]
-
-
-def is_held(job: SlurmJob) -> bool:
-    return job.hold is not HoldKind.NONE or job.reason == REQUEUE_HELD_REASON
-
-
-def phase(job: SlurmJob) -> Phase:
-    """Where `job` is in the suspend/resume cycle."""
-    if job.finished:
-        return Phase.FINISHED
-    if job.state == "RUNNING" or job.state == "CONFIGURING":
-        return Phase.RUNNING
-    if job.pending:
-        if job.hold is HoldKind.ADMIN:
-            return Phase.HELD if job.restart_count > 0 else Phase.QUEUED_HELD
-        if is_held(job):
-            return Phase.REQUEUED
-        return Phase.RELEASED
-    return Phase.STOPPING
-
-
-class GresKind(enum.Enum):
-    """What a job's GPU request is made of (Slurm 22.05 cannot switch a job between gpu and shard)."""
-
-    NONE = "none"  # no GPU request yet: the first placement fixes the kind
-    GPU = "gpu"  # typed whole GPUs, gpu:gK:1
-    UNTYPED = "untyped"  # gpu:N, as submitted: replaced by typed gres at the first placement
-    SHARD = "shard"  # shard:gK:n
-
-
-def _gres_entries(tres_per_node: str) -> list[list[str]]:
-    out = []
-    for part in tres_per_node.split(","):
-        part = part.strip()
-        for prefix in ("gres:", "gres/"):
-            part = part.removeprefix(prefix)
-        bits = part.split(":")
-        if len(bits) >= 2 and bits[-1].isdigit() and int(bits[-1]) > 0:
-            out.append(bits)
-    return out
-
-
-def gres_kind(tres_per_node: str) -> GresKind:
-    """The kind of a job's GPU request, from Slurm's TresPerNode (e.g. "gres:gpu:g0:1,gres:gpu:g2:1")."""
-    entries = _gres_entries(tres_per_node)
-    if any(b[0] == "shard" for b in entries):
-        return GresKind.SHARD
-    gpu = [b for b in entries if b[0] == "gpu"]
-    if not gpu:
-        return GresKind.NONE
-    return GresKind.GPU if all(len(b) == 3 for b in gpu) else GresKind.UNTYPED
-
-
-def gres_for(placement: Placement) -> str:
-    """Per-GPU typed gres for a placement, per node (the same GPUs on each of its nodes: `_check_placement`):
-    gpu:g0:1,gpu:g2:1 (whole) or shard:g0:1,... (shared)."""
-    return gres_string(placement.on_node(placement.nodes[0]), shared=placement.shared)
-
-
-def node_fields(placement: Placement, job: SlurmJob) -> dict[str, str]:
-    """The scontrol update fields that put a held job on the placement's nodes: its node list, and as many
-    nodes and tasks (the wrapper starts one launcher per node) as it spans. The node count is given as a
-    range N-N: Slurm 22.05 refuses a bare N for a pending job ("Node count specification invalid"). The
-    job's own MinCPUsNode is stated again: 22.05 keeps the CPU total of a larger node count when the count
-    shrinks (the job then never runs: BadConstraints), and restating it makes Slurm count them anew."""
-    count = len(placement.nodes)
-    fields = {"nodelist": ",".join(placement.nodes), "numnodes": f"{count}-{count}", "numtasks": str(count)}
-    if job.min_cpus_per_node > 0:
-        fields["mincpusnode"] = str(job.min_cpus_per_node)
-    return fields
-
-
-def placement_of(job: SlurmJob) -> Placement | None:
-    """The GPUs Slurm gave a running job, as a Placement (None when it holds none)."""
-    whole = [GpuRef(n, i) for n, idx in job.gpus.items() for i in idx]
-    shards = [GpuRef(n, i) for n, idx in job.shards.items() for i in idx]
-    if whole:
-        return Placement(tuple(whole))  # a mix is never booked by the controller; report the whole GPUs
-    if shards:
-        return Placement(tuple(shards), shared=True)
-    return None
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -259,10 +75,11 @@ def _read_outcome(path: Path, owner: str) -> str | None:
 class _Run:
     """Bookkeeping of one operation: records steps and feeds the journal."""
 
-    def __init__(self, proto: RequeueProtocol, job_id: str, op: Op) -> None:
+    def __init__(self, proto: RequeueProtocol, job_id: str, op: Op, signal: str | None = None) -> None:
         self.proto = proto
         self.job_id = job_id
         self.op = op
+        self.signal = signal or proto.signal_name  # what stops the job (suspend and moves)
         self.steps: list[StepRecord] = []
         # The job as read once it was admin-held: nothing but the controller changes it after that, so the
         # resume half of a move starts from it instead of reading it again.
@@ -323,7 +140,8 @@ NUDGE_EVERY_S = 1.0
 class RequeueProtocol:
     """Suspend, resume, migrate and resize jobs through Slurm's held requeue.
 
-    Must run as root / SlurmUser (admin holds, updates of other users' jobs). `jobs_root` is the directory
+    Must run as root / SlurmUser (admin holds, updates of other users' jobs). A job is stopped with the signal
+    its operation names (the one it catches), else with `signal_name`. `jobs_root` is the directory
     that holds each job's state directory (<jobs_root>/<job id>); with it, suspend also checks the wrapper's
     status.json. `clock` and `sleep` are injected (monotonic seconds); `wall` is the wall clock Slurm's
     job credentials are dated by.
@@ -403,14 +221,14 @@ class RequeueProtocol:
 
     # -- suspend -----------------------------------------------------------------------------------
 
-    def suspend(self, job_id: str) -> OpResult:
+    def suspend(self, job_id: str, *, signal: str | None = None) -> OpResult:
         """Stop a job at a mini-batch boundary into an admin-held requeue.
 
-        A running job is signalled; if it has not requeue-held itself within `suspend_timeout`, root
-        requeue-holds it (Outcome.ESCALATED: progress since its last checkpoint is lost). A pending job is
-        just held. A job that finishes instead is reported as Outcome.FINISHED.
+        A running job is signalled (`signal`, else `signal_name`); if it has not requeue-held itself within
+        `suspend_timeout`, root requeue-holds it (Outcome.ESCALATED: progress since its last checkpoint is
+        lost). A pending job is just held. A job that finishes instead is reported as Outcome.FINISHED.
         """
-        run = _Run(self, job_id, Op.SUSPEND)
+        run = _Run(self, job_id, Op.SUSPEND, signal)
         return self._suspend(run)
 
     def _suspend(self, run: _Run) -> OpResult:
@@ -485,8 +303,8 @@ class RequeueProtocol:
         def act() -> str:
             while True:
                 try:
-                    self.backend.signal(run.job_id, self.signal_name, batch_only=True)
-                    return f"SIG{self.signal_name.upper().removeprefix('SIG')} to the batch shell"
+                    self.backend.signal(run.job_id, run.signal, batch_only=True)
+                    return f"SIG{run.signal.upper().removeprefix('SIG')} to the batch shell"
                 except (PermissionDenied, UnknownJob):
                     raise
                 except SlurmError as exc:
@@ -629,7 +447,7 @@ class RequeueProtocol:
         *,
         defer: bool = False,
     ) -> OpResult:
-        _check_placement(placement)
+        check_placement(placement)
         job_id = run.job_id
         job = known if known is not None else self.read_job(job_id)
         ph = phase(job)
@@ -663,7 +481,7 @@ class RequeueProtocol:
             except InvalidRequest as exc:
                 if "gres" not in str(exc).lower() and "generic resource" not in str(exc).lower():
                     raise
-                raise ProtocolError(_gres_refusal(job_id, kind, placement, str(exc))) from exc
+                raise ProtocolError(gres_refusal(job_id, kind, placement, str(exc))) from exc
             return f"nodelist={node} gres={gres}" + (" starttime=now" if begin is None else "")
 
         run.do(Step.SET_PLACEMENT, set_placement)
@@ -818,36 +636,39 @@ class RequeueProtocol:
         job_id: str,
         placement: Placement,
         *,
+        signal: str | None = None,
         on_stopped: Callable[[], None] | None = None,
         defer: bool = False,
     ) -> OpResult:
-        """Move a job to `placement` (same GPU count): suspend, then resume there. `on_stopped` is called once
-        the job holds no GPU any more (after the suspend half, or at once if it was not running); `defer` as
-        for `resume`."""
-        return self._move(Op.MIGRATE, job_id, placement, on_stopped, defer)
+        """Move a job to `placement` (same GPU count): suspend (with `signal`), then resume there. `on_stopped`
+        is called once the job holds no GPU any more (after the suspend half, or at once if it was not
+        running); `defer` as for `resume`."""
+        return self._move(Op.MIGRATE, job_id, placement, signal, on_stopped, defer)
 
     def resize(
         self,
         job_id: str,
         placement: Placement,
         *,
+        signal: str | None = None,
         on_stopped: Callable[[], None] | None = None,
         defer: bool = False,
     ) -> OpResult:
         """Give a job another GPU count: suspend, then resume on `placement` (world-size independent ckpt);
-        `on_stopped` and `defer` as for `migrate`."""
-        return self._move(Op.RESIZE, job_id, placement, on_stopped, defer)
+        `signal`, `on_stopped` and `defer` as for `migrate`."""
+        return self._move(Op.RESIZE, job_id, placement, signal, on_stopped, defer)
 
     def _move(
         self,
         op: Op,
         job_id: str,
         placement: Placement,
+        signal: str | None = None,
         on_stopped: Callable[[], None] | None = None,
         defer: bool = False,
     ) -> OpResult:
-        _check_placement(placement)
-        run = _Run(self, job_id, op)
+        check_placement(placement)
+        run = _Run(self, job_id, op, signal)
         job = self.read_job(job_id)
         ph = phase(job)
         if ph is Phase.RUNNING and placement_of(job) == placement:
@@ -881,109 +702,3 @@ def _escalated(res: OpResult) -> OpResult:
 
 def _escalated_rest(rest: Callable[[], OpResult]) -> OpResult:
     return _escalated(rest())
-
-
-def typed_indices(tres_per_node: str) -> set[int]:
-    """GPU indices named by a typed request (gpu:gK:n or shard:gK:n entries)."""
-    out: set[int] = set()
-    for b in _gres_entries(tres_per_node):
-        if len(b) == 3 and b[1].startswith("g") and b[1][1:].isdigit():
-            out.add(int(b[1][1:]))
-    return out
-
-
-def plan_gres(job: SlurmJob, placement: Placement, caps: SlurmCapabilities) -> str:
-    """The per-GPU typed gres that gives `job` exactly `placement`; ProtocolError where Slurm cannot.
-
-    The backend replaces a job's request (where Slurm would merge an update into the old request, the CLI
-    backend clears it first). Where Slurm cannot switch a held job between gpu and shard
-    (`caps.gres_kind_switch` false: 22.05), shards cannot be replaced either (clearing them crashes
-    slurmctld): a job booked on shards keeps them and may only add more, a job booked on whole GPUs is never
-    packed; jobs submitted without --gres can start either way. Elsewhere any placement goes.
-    """
-    if caps.gres_kind_switch:
-        return gres_for(placement)
-    kind = gres_kind(job.tres_per_node)
-    if kind is GresKind.SHARD:
-        if not placement.shared:
-            raise ProtocolError(_gres_refusal(job.job_id, kind, placement))
-        before = typed_indices(job.tres_per_node)
-        want = set(placement.on_node(placement.nodes[0]))
-        if not before <= want:
-            raise ProtocolError(
-                f"job {job.job_id} holds shards of GPUs {sorted(before)}: Slurm {caps.release_text} cannot take "
-                "shards away "
-                f"from a job, so it cannot move to {placement}; pick GPUs that include {sorted(before)}"
-            )
-    elif kind is not GresKind.NONE and placement.shared:
-        raise ProtocolError(_gres_refusal(job.job_id, kind, placement))
-    return gres_for(placement)
-
-
-def _gres_refusal(job_id: str, kind: GresKind, placement: Placement, why: str = "") -> str:
-    want = "shards" if placement.shared else "whole GPUs"
-    if kind is GresKind.SHARD:
-        hint = "it is booked on shards, and Slurm cannot switch a job between shards and whole GPUs"
-    elif placement.shared:
-        hint = "it is booked on whole GPUs, and Slurm cannot switch a job to shards; submit it without --gres"
-    else:
-        hint = "check the node's gres.conf"
-    return f"cannot give job {job_id} {want}{f' ({why})' if why else ''}: {hint}; the job stays as it is"
-
-
-def _check_placement(placement: Placement) -> None:
-    if not placement.gpus:
-        raise BadRequest("a placement needs at least one GPU")
-    if len(placement.nodes) > 1:
-        if len({placement.on_node(n) for n in placement.nodes}) != 1:
-            raise BadRequest(f"placement {placement} has different GPUs on its nodes: Slurm gives a job the same "
-                             "GPUs on every node (per-node gres); use the same GPU indices on each")
-        if placement.shared:
-            raise BadRequest(f"placement {placement}: a job across nodes runs on whole GPUs, not shards")
-
-
-def parse_node_gpus(gres: str) -> tuple[int, ...]:
-    """GPU indices in a node's configured gres (the project's one-type-per-GPU form gpu:gK:1)."""
-    out: set[int] = set()
-    for part in gres.split(","):
-        bits = part.split("(")[0].split(":")
-        if len(bits) >= 2 and bits[0] == "gpu" and bits[1].startswith("g") and bits[1][1:].isdigit():
-            out.add(int(bits[1][1:]))
-    return tuple(sorted(out))
-
-
-def busy_gpus(jobs: tuple[SlurmJob, ...], node: str, *, exclude: str = "") -> set[int]:
-    """GPU indices on `node` that running jobs other than `exclude` hold, whole or as shards."""
-    busy: set[int] = set()
-    for j in jobs:
-        if j.job_id == exclude or not j.running:
-            continue
-        busy.update(j.gpus.get(node, ()))
-        busy.update(j.shards.get(node, ()))
-    return busy
-
-
-def choose_gpus(
-    node_gpus: tuple[int, ...], busy: set[int], count: int, prefer: tuple[int, ...] = ()
-) -> tuple[int, ...]:
-    """`count` free GPUs: the preferred (a job's current) ones first, then the lowest indices."""
-    free = [g for g in node_gpus if g not in busy]
-    ordered = [g for g in prefer if g in free] + [g for g in free if g not in prefer]
-    if len(ordered) < count:
-        raise BadRequest(f"only {len(free)} free GPUs ({free}) for {count} requested: pick another node")
-    return tuple(sorted(ordered[:count]))
-
-
-def as_mapping(result: OpResult) -> Mapping[str, object]:
-    """A JSON-ready view of a result (for --json output and benchmarks)."""
-    return {
-        "job_id": result.job_id,
-        "op": result.op.value,
-        "outcome": result.outcome.value,
-        "placement": str(result.placement) if result.placement else None,
-        "detail": result.detail,
-        "seconds": result.seconds,
-        "steps": [
-            {"step": s.step.value, "seconds": s.seconds, "detail": s.detail, "skipped": s.skipped} for s in result.steps
-        ],
-    }

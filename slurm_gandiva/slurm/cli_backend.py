@@ -22,6 +22,7 @@ from slurm_gandiva.errors import (
 from slurm_gandiva.slurm import parse, scontrol_text
 from slurm_gandiva.slurm.base import SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
+from slurm_gandiva.slurm.gres import parse_gres, requested_gres, write_gres
 
 _UNREACHABLE = (
     "unable to contact slurm controller",
@@ -400,13 +401,13 @@ class CliBackend:
         (`SlurmCapabilities.gres_kind_switch`), the update is one `scontrol update`. Either way the result
         is read back and must be exactly `gres`.
         """
-        new = parse.gres_request(gres)
+        new = requested_gres(gres)
         if not new:
             raise InvalidRequest(f"bad gres {gres!r}: use e.g. gpu:g0:1,gpu:g2:1 or shard:g1:1")
         job = self.job(jid)
         if not job.pending:
             raise InvalidRequest(f"job {jid} is {job.state}: hold it (held requeue) before changing its GPUs")
-        old = parse.gres_request(job.tres_per_node)
+        old = requested_gres(job.tres_per_node)
         if old == new:
             return
         what = f"set gres of job {jid}"
@@ -433,11 +434,11 @@ class CliBackend:
         except SlurmError:
             if clear:
                 # Never leave a cleared job behind: released like that it would run without GPUs.
-                restore = ",".join(f"{k}:{t}:{n}" for k, t, n in parse.gres_items(job.tres_per_node))
+                restore = write_gres(parse_gres(job.tres_per_node))
                 with contextlib.suppress(SlurmError):
                     self._run(["scontrol", "update", f"jobid={jid}", f"gres={restore}"], f"{what} (restore)")
             raise
-        now = parse.gres_request(self.job(jid).tres_per_node)
+        now = requested_gres(self.job(jid).tres_per_node)
         if now != new:
             raise SlurmError(f"{what}: Slurm kept {sorted(now)} instead of {sorted(new)}: do not release the job")
 

@@ -1,4 +1,4 @@
-"""Slurm's JSON (squeue --json, sinfo --json) and gres strings, parsed into the project's own types.
+"""Slurm's JSON (squeue --json, sinfo --json), parsed into the project's own types (gres strings: gres.py).
 
 The one place that knows Slurm's field names. Tolerates the data_parser versions v0.0.38 (22.05) to
 v0.0.45: job_state as a string or a list, numbers as plain ints or {"set", "infinite", "number"}
@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode
+from slurm_gandiva.slurm.gres import parse_gres_detail
 
 _BASE_JOB_STATES = (
     "PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "COMPLETED", "CANCELLED", "FAILED",
@@ -128,103 +129,6 @@ def parse_array_spec(spec: str) -> tuple[tuple[int, ...], int]:
             raise ValueError(f"bad array range {part!r}")
         out.update(range(lo, hi + 1, step))
     return tuple(sorted(out)), limit
-
-
-def parse_index_spec(spec: str) -> tuple[int, ...]:
-    """"0-1,3" -> (0, 1, 3); "" / "N/A" -> ()."""
-    spec = spec.strip()
-    if not spec or spec.upper() == "N/A":
-        return ()
-    out: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            out += range(int(lo), int(hi) + 1)
-        else:
-            out.append(int(part))
-    return tuple(sorted(set(out)))
-
-
-_GRES_ITEM = re.compile(
-    r"(?:gres/|gres:)?(?P<name>[A-Za-z_]+)"
-    r"(?::(?P<type>\(null\)|[^:(,]+))?"
-    r"(?::(?P<count>\d+))?"
-    r"(?:\((?P<detail>[^)]*)\))?"
-)
-
-
-def parse_gres_detail(detail: str) -> dict[str, tuple[int, ...]]:
-    """One node's gres_detail, e.g. "gpu:g1:1(IDX:1),shard:g2:1(IDX:2)" -> {"gpu": (1,), "shard": (2,)}.
-
-    Where IDX is missing but the type is one of ours ("gK"), the type gives the index (count > 0 only).
-    """
-    out: dict[str, set[int]] = {}
-    for item in _split_top(detail):
-        m = _GRES_ITEM.fullmatch(item.strip())
-        if not m:
-            continue
-        name, typ, count_s, inner = m.group("name"), m.group("type"), m.group("count"), m.group("detail")
-        if typ is not None and count_s is None and typ.isdigit():
-            typ, count_s = None, typ  # "gpu:2(IDX:0-1)": the second field is the count
-        count = int(count_s) if count_s is not None else 1
-        idx: tuple[int, ...] = ()
-        if inner:
-            im = re.search(r"IDX:([^)]*)", inner)
-            if im:
-                try:
-                    idx = parse_index_spec(im.group(1))
-                except ValueError:
-                    idx = ()
-        if not idx and count > 0 and typ and re.fullmatch(r"g\d+", typ):
-            idx = (int(typ[1:]),)
-        if count == 0:
-            idx = ()
-        if idx:
-            out.setdefault(name, set()).update(idx)
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
-def gres_items(spec: str) -> list[tuple[str, str, int]]:
-    """A gres request ("gres:gpu:g1:1,gres/shard:g2:1" or "gpu:g1:1") -> [(name, type, count)];
-    untyped items have type ""."""
-    out: list[tuple[str, str, int]] = []
-    for item in _split_top(spec or ""):
-        m = _GRES_ITEM.fullmatch(item.strip())
-        if not m:
-            continue
-        typ, count_s = m.group("type"), m.group("count")
-        if typ is not None and count_s is None and typ.isdigit():
-            typ, count_s = None, typ
-        out.append((m.group("name"), "" if typ in (None, "(null)") else typ, int(count_s or 1)))
-    return out
-
-
-def gres_request(spec: str) -> frozenset[tuple[str, str]]:
-    """The (name, type) pairs a gres request asks for with a count > 0."""
-    return frozenset((n, t) for n, t, c in gres_items(spec) if c > 0)
-
-
-def _split_top(s: str) -> list[str]:
-    """Split on commas outside parentheses ("gpu:2(IDX:0,2),shard:..." keeps IDX:0,2 together)."""
-    parts: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in s:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth = max(0, depth - 1)
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if cur:
-        parts.append("".join(cur))
-    return [p for p in parts if p.strip()]
 
 
 def _exit_code(value: Any) -> int | None:

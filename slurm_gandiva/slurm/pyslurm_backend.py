@@ -66,6 +66,7 @@ from slurm_gandiva.slurm import parse
 from slurm_gandiva.slurm.base import SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.slurm.cli_backend import CliBackend
+from slurm_gandiva.slurm.gres import Gres, gpu_index, parse_gres, requested_gres, write_gres
 
 PYSLURM_REQUIREMENT = "pyslurm==25.11.2"
 _BOUND_ATTR = "_slurm_gandiva_conf"  # set on the pyslurm module: the slurm.conf libslurm was initialised with
@@ -95,7 +96,6 @@ _BASE_STATES = (
     "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "COMPLETING",
 )
 _REASON_WORD = re.compile(r"[A-Za-z0-9]+")
-_TYPED_GPU = re.compile(r"g(\d+)")
 _HOLDS_GPUS = ("RUNNING", "SUSPENDED")
 # update() fields this backend sets through Job.modify: scontrol's name (lower case) -> JobSubmitDescription.
 _MODIFY_FIELDS = {
@@ -235,13 +235,13 @@ def reason_of(text: str) -> str | None:
     return text if _REASON_WORD.fullmatch(text) else None
 
 
-def gres_string(gres: Mapping[str, Any]) -> str:
-    """pyslurm's gres dict ({"gres/gpu:g0": 1} or {"gpu:g0": 1}) back to Slurm's string."""
-    out = []
+def gres_of(gres: Mapping[str, Any]) -> str:
+    """pyslurm's gres dict ({"gres/gpu:g0": 1} or {"gpu:g0": 1}) back to Slurm's string ("gres/gpu:g0:1")."""
+    items = []
     for key, val in gres.items():
         count = val.get("count") if isinstance(val, Mapping) else val
-        out.append(f"{key}:{_num(count)}")
-    return ",".join(out)
+        items += [replace(g, count=_num(count)) for g in parse_gres(key)]
+    return write_gres(items, prefix="gres/" if any(k.startswith("gres/") for k in gres) else "")
 
 
 def typed_allocation(tres_per_node: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -249,14 +249,14 @@ def typed_allocation(tres_per_node: str) -> tuple[tuple[int, ...], tuple[int, ..
     when every GPU / shard item is typed gK; None when the request does not say (untyped, other types)."""
     gpus: set[int] = set()
     shards: set[int] = set()
-    for name, typ, count in parse.gres_items(tres_per_node):
-        if name not in ("gpu", "shard"):
+    for g in parse_gres(tres_per_node):
+        if g.name not in ("gpu", "shard"):
             continue
-        m = _TYPED_GPU.fullmatch(typ)
-        if not m or (name == "gpu" and count != 1):
+        k = gpu_index(g.type)
+        if k is None or (g.name == "gpu" and g.count != 1):
             return None
-        if count > 0:
-            (gpus if name == "gpu" else shards).add(int(m.group(1)))
+        if g.count > 0:
+            (gpus if g.name == "gpu" else shards).add(k)
     return tuple(sorted(gpus)), tuple(sorted(shards))
 
 
@@ -393,7 +393,7 @@ class PyslurmBackend:
         reason = reason_of(_text(raw.state_reason))
         if state is None or reason is None:
             return None
-        tres_per_node = gres_string(raw.gres_per_node or {})
+        tres_per_node = gres_of(raw.gres_per_node or {})
         alloc = parse.expand_hostlist(_text(raw.allocated_nodes))
         gpus: dict[str, tuple[int, ...]] = {}
         shards: dict[str, tuple[int, ...]] = {}
@@ -442,7 +442,7 @@ class PyslurmBackend:
         out = []
         for raw in raws:
             name = _text(raw.name)
-            gres = gres_string(raw.configured_gres or {})
+            gres = gres_of(raw.configured_gres or {})
             out.append(SlurmNode(
                 name=name,
                 state=_text(raw.state) or "UNKNOWN",
@@ -563,20 +563,20 @@ class PyslurmBackend:
         """Replace a pending job's gres with exactly `gres` and read it back (as the CLI backend does). The
         releases pyslurm exists for (25.11) replace a gres request and switch gpu <-> shard in one update
         (`SlurmCapabilities.gres_kind_switch`, not `gres_update_merges`); on others this refuses."""
-        new = parse.gres_request(gres)
+        new = requested_gres(gres)
         if not new:
             raise InvalidRequest(f"bad gres {gres!r}: use e.g. gpu:g0:1,gpu:g2:1 or shard:g1:1")
         state, tres = self._state_and_gres(jid)
         if state != "PENDING":
             raise InvalidRequest(f"job {jid} is {state}: hold it (held requeue) before changing its GPUs")
-        if parse.gres_request(tres) == new:
+        if requested_gres(tres) == new:
             return
         what = f"set gres of job {jid}"
         caps = self.capabilities()
         if caps.gres_update_merges or not caps.gres_kind_switch:
             raise InvalidRequest(f"{what}: Slurm {caps.release_text} merges gres updates: use the CLI backend")
         self._modify(jid, what, gres_per_node=gres)
-        now = parse.gres_request(self._state_and_gres(jid)[1])
+        now = requested_gres(self._state_and_gres(jid)[1])
         if now != new:
             raise SlurmError(f"{what}: Slurm kept {sorted(now)} instead of {sorted(new)}: do not release the job")
 
@@ -588,7 +588,7 @@ class PyslurmBackend:
             return job.state, job.tres_per_node
         raw = self._load_one(jid)
         word = _text(raw.state)
-        return base_state(word) or word, gres_string(raw.gres_per_node or {})
+        return base_state(word) or word, gres_of(raw.gres_per_node or {})
 
     def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
         """As scancel JOB: a job that already finished counts as cancelled, an unknown one is UnknownJob
@@ -646,21 +646,20 @@ def gres_used(configured: str, node: str, jobs: Iterable[SlurmJob]) -> str:
         if not j.running and j.state != "SUSPENDED":
             continue
         gpu_busy.update(j.gpus.get(node, ()))
-        per = {t: c for n, t, c in parse.gres_items(j.tres_per_node) if n == "shard"}
-        for k in j.shards.get(node, ()):
-            shard_busy[k] = shard_busy.get(k, 0) + per.get(f"g{k}", 1)
+        per = {g.type: g.count for g in parse_gres(j.tres_per_node) if g.name == "shard"}
+        for i in j.shards.get(node, ()):
+            shard_busy[i] = shard_busy.get(i, 0) + per.get(f"g{i}", 1)
     out = []
-    for name, typ, count in parse.gres_items(configured):
-        m = _TYPED_GPU.fullmatch(typ)
-        if not m:
+    for g in parse_gres(configured):
+        k = gpu_index(g.type)
+        if k is None:
             return ""
-        k = int(m.group(1))
-        if name == "gpu":
+        if g.name == "gpu":
             used = 1 if k in gpu_busy else 0
-            out.append(f"gpu:{typ}:{used}(IDX:{k if used else 'N/A'})")
-        elif name == "shard":
+            out.append(Gres("gpu", g.type, used, f"IDX:{k if used else 'N/A'}"))
+        elif g.name == "shard":
             used = shard_busy.get(k, 0)
-            out.append(f"shard:{typ}:{used}({used}/{count})")
+            out.append(Gres("shard", g.type, used, f"{used}/{g.count}"))
         else:
-            out.append(f"{name}:{typ}:0")
-    return ",".join(out)
+            out.append(Gres(g.name, g.type, 0))
+    return write_gres(out)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +24,7 @@ from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.contract import JOB_MARK, StateDirError, ensure_state_dir
 from slurm_gandiva.requeue.spec import SubmitSpec, write_spec, write_specs
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmNode, SubmitRequest
+from slurm_gandiva.slurm.gres import gres_gpu_count
 from slurm_gandiva.submit.request import (
     ARRAY_ENV,
     USAGE,
@@ -42,8 +42,6 @@ JOBS_ROOT_ENV = "GANDIVA_JOBS_ROOT"
 TOPOLOGY_ENV = "GANDIVA_TOPOLOGY"
 if TYPE_CHECKING:
     from slurm_gandiva.config import ControllerConfig
-
-_GPU_GRES = re.compile(r"^gpu(?::[^:(,]+)?:(\d+)")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -132,16 +130,6 @@ def limits_from(topology: Topology | None, nodes: Sequence[SlurmNode]) -> Cluste
     else:
         node_gpus = {n.name: gres_gpu_count(n.gres) for n in nodes}
     return ClusterLimits(node_gpus, {p: tuple(ns) for p, ns in partitions.items()})
-
-
-def gres_gpu_count(gres: str) -> int:
-    """GPUs in a configured gres string, e.g. "gpu:g0:1,gpu:g1:1,shard:g0:2" -> 2, "gpu:4(S:0-1)" -> 4."""
-    total = 0
-    for item in gres.split(","):
-        m = _GPU_GRES.match(item.strip())
-        if m:
-            total += int(m.group(1))
-    return total
 
 
 def sbatch_options(req: SbatchRequest, name: str) -> list[str]:

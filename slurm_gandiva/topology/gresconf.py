@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from slurm_gandiva.model import Node, Topology
 from slurm_gandiva.resources import render
+from slurm_gandiva.slurm.gres import Gres, write_gres
 
 DEFAULT_DEVICE = "/dev/nvidia{index}"
 
@@ -31,10 +32,10 @@ class NodeLines:
 def node_gres(node: Node) -> str:
     """The slurm.conf Gres= value of a node: gpu:gK:1 for each GPU, then shard:gK:S."""
     idx = sorted(g.ref.index for g in node.gpus)
-    parts = [f"gpu:g{k}:1" for k in idx]
+    items = [Gres("gpu", f"g{k}", 1) for k in idx]
     if node.shards > 0:
-        parts += [f"shard:g{k}:{node.shards}" for k in idx]
-    return ",".join(parts)
+        items += [Gres("shard", f"g{k}", node.shards) for k in idx]
+    return write_gres(items)
 
 
 def _nodes(topo: Topology, device: str) -> list[NodeLines]:

@@ -24,7 +24,8 @@ from test_requeue_cycle import WRAPPER, hash_of, starts, wait_finished, wait_tra
 from job_wrapper.progress import read_events
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, read_progress
-from slurm_gandiva.requeue.protocol import Outcome, RequeueProtocol
+from slurm_gandiva.requeue.operations import Outcome
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import SlurmBackend, SubmitRequest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -14,7 +14,8 @@ from test_requeue_cycle import hash_of, progress_step, reference_hash, starts, s
 from job_wrapper import checkpoint as ckpt
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
-from slurm_gandiva.requeue.protocol import Outcome, RequeueProtocol
+from slurm_gandiva.requeue.operations import Outcome
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import SlurmBackend
 
 SAMPLES, BATCH, EPOCHS = 192, 16, 4  # 12 steps an epoch, 48 in all

@@ -21,7 +21,8 @@ from test_requeue_cycle import hash_of, reference_hash, submit, wait_finished, w
 
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
-from slurm_gandiva.requeue.protocol import Outcome, RequeueProtocol
+from slurm_gandiva.requeue.operations import Outcome
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 
 pytestmark = pytest.mark.timeout(420)

@@ -25,12 +25,13 @@ from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import InvalidRequest, SlurmError, SlurmUnreachable, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK
-from slurm_gandiva.requeue.protocol import Outcome, Phase, RequeueProtocol, phase
+from slurm_gandiva.requeue.operations import Outcome, Phase, phase
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import installed_release
 from slurm_gandiva.slurm.cli_backend import CliBackend
-from slurm_gandiva.slurm.parse import gres_request
+from slurm_gandiva.slurm.gres import requested_gres
 
 pytestmark = pytest.mark.pyslurm
 
@@ -199,9 +200,9 @@ def test_hold_release_update_requeue_signal_cancel(
     assert cli.job(jid).hold is HoldKind.ADMIN
     ps.update(jid, nodelist="n2", gres="gpu:g0:1,gpu:g2:1", starttime="now")
     got = cli.job(jid)
-    assert got.nodes == ("n2",) and gres_request(got.tres_per_node) == {("gpu", "g0"), ("gpu", "g2")}
+    assert got.nodes == ("n2",) and requested_gres(got.tres_per_node) == {("gpu", "g0"), ("gpu", "g2")}
     ps.update(jid, gres="shard:g3:1")  # whole GPUs -> a shard and back (25.11 switches kinds)
-    assert gres_request(cli.job(jid).tres_per_node) == {("shard", "g3")}
+    assert requested_gres(cli.job(jid).tres_per_node) == {("shard", "g3")}
     ps.update(jid, gres="gpu:g0:1,gpu:g2:1")
     ps.release(jid)
     job = wait_for(lambda: running(cli, jid), what="released job running (begin time cleared)")
@@ -274,7 +275,7 @@ def test_errors_map_to_the_hierarchy(cli: CliBackend, ps: SlurmBackend, jobs_her
     for backend in (ps, cli):  # (25.11 takes an unknown type such as gpu:g9:1 for a pending job: both do)
         with pytest.raises(InvalidRequest, match="Invalid generic resource"):
             backend.update(jid, gres="nosuch:1")
-    assert gres_request(cli.job(jid).tres_per_node) == {("gpu", "g0")}
+    assert requested_gres(cli.job(jid).tres_per_node) == {("gpu", "g0")}
     with pytest.raises(InvalidRequest, match="Invalid node name"):
         ps.update(jid, nodelist="n9")
     run = submit(cli, jobs_here, "--gres=gpu:g3:1")

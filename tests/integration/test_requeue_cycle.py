@@ -22,7 +22,8 @@ from helpers import run_as, wait_for
 from slurm_gandiva.errors import ProtocolError
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, read_progress
-from slurm_gandiva.requeue.protocol import Outcome, Phase, RequeueProtocol, phase
+from slurm_gandiva.requeue.operations import Outcome, Phase, phase
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SubmitRequest
 
 BIN = Path(sys.executable).parent

@@ -13,11 +13,11 @@ from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, SlurmUnreachable, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK
-from slurm_gandiva.requeue.protocol import is_held
-from slurm_gandiva.slurm import make_backend, placement_gres
+from slurm_gandiva.requeue.operations import is_held
+from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SubmitRequest
 from slurm_gandiva.slurm.cli_backend import _classify
-from slurm_gandiva.slurm.parse import gres_request
+from slurm_gandiva.slurm.gres import placement_gres, requested_gres
 
 pytestmark = pytest.mark.slurm
 
@@ -141,7 +141,7 @@ def test_requeue_cycle_moves_a_user_job_to_other_gpus(
 
 
 def gres_of(slurm: SlurmBackend, jid: str) -> frozenset[tuple[str, str]]:
-    return gres_request(slurm.job(jid).tres_per_node)
+    return requested_gres(slurm.job(jid).tres_per_node)
 
 
 def test_gres_updates_replace_exactly_as_the_capabilities_say(
@@ -326,7 +326,7 @@ def test_scontrol_show_job_reads_as_squeue_json_does(
               "array_id", "array_max_tasks")  # not std_out: scontrol expands %j (as pyslurm does)
 
     def same(got: SlurmJob, want: SlurmJob) -> None:
-        assert gres_request(got.tres_per_node) == gres_request(want.tres_per_node), want.job_id
+        assert requested_gres(got.tres_per_node) == requested_gres(want.tres_per_node), want.job_id
         assert {f: getattr(got, f) for f in fields} == {f: getattr(want, f) for f in fields}, want.job_id
         # A running job without a time limit has EndTime=Unknown in scontrol; a past end must agree.
         assert got.end_time == want.end_time or (got.end_time == 0 and want.end_time > time.time()), want.job_id

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from slurm_gandiva.errors import ProtocolError, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement
-from slurm_gandiva.requeue.protocol import Op, OpResult, Outcome, Step, StepRecord
+from slurm_gandiva.requeue.operations import Op, Operations, OpResult, Outcome, Step, StepRecord
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
@@ -119,7 +119,7 @@ class FakeBackend:
                     self.jobs_by_id[jid] = replace(j, state="CANCELLED")
 
 
-class FakeProtocol:
+class FakeProtocol(Operations):
     """Moves jobs in a FakeBackend as the real protocol would; `delay` per operation; `fail` job ids."""
 
     def __init__(self, backend: FakeBackend, delay: float = 0.0, fail: frozenset[str] = frozenset()) -> None:
@@ -136,6 +136,7 @@ class FakeProtocol:
         self.later: set[str] = set()
         self.gate = threading.Event()
         self.deferred: list[str] = []  # job ids the actor asked to defer, in call order
+        self.signals: dict[str, str | None] = {}  # job id -> the signal its last suspend or move was given
 
     def _enter(self, op: str, job_id: str, placement: Placement | None) -> None:
         with self.lock:
@@ -147,7 +148,8 @@ class FakeProtocol:
         if job_id in self.fail:
             raise ProtocolError(f"job {job_id}: injected failure")
 
-    def suspend(self, job_id: str) -> OpResult:
+    def suspend(self, job_id: str, *, signal: str | None = None) -> OpResult:
+        self.signals[job_id] = signal
         self._enter("suspend", job_id, None)
         j = self.backend.job(job_id)
         self.backend.set(
@@ -225,7 +227,9 @@ class FakeProtocol:
         placement: Placement,
         on_stopped: Callable[[], None] | None,
         defer: bool = False,
+        signal: str | None = None,
     ) -> OpResult:
+        self.signals[job_id] = signal
         if on_stopped is None or not self.resume_delay:
             return self._run(op, job_id, placement, defer=defer)
         self._enter(op.value, job_id, placement)
@@ -240,20 +244,22 @@ class FakeProtocol:
         job_id: str,
         placement: Placement,
         *,
+        signal: str | None = None,
         on_stopped: Callable[[], None] | None = None,
         defer: bool = False,
     ) -> OpResult:
-        return self._move(Op.MIGRATE, job_id, placement, on_stopped, defer)
+        return self._move(Op.MIGRATE, job_id, placement, on_stopped, defer, signal)
 
     def resize(
         self,
         job_id: str,
         placement: Placement,
         *,
+        signal: str | None = None,
         on_stopped: Callable[[], None] | None = None,
         defer: bool = False,
     ) -> OpResult:
-        return self._move(Op.RESIZE, job_id, placement, on_stopped, defer)
+        return self._move(Op.RESIZE, job_id, placement, on_stopped, defer, signal)
 
 
 def pl(node: str, *idx: int) -> Placement:

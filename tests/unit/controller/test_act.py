@@ -14,7 +14,7 @@ from slurm_gandiva.controller.act import Actor
 from slurm_gandiva.errors import ProtocolError
 from slurm_gandiva.model import JobSpec, JobState
 from slurm_gandiva.plan import Action, Decision, Plan
-from slurm_gandiva.requeue.protocol import Op, Step, StepEvent, StepEventKind
+from slurm_gandiva.requeue.operations import Op, Step, StepEvent, StepEventKind
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store import Outcome, SliceEnd, Store
 
@@ -332,7 +332,7 @@ def test_crash_hook_exits_137_at_the_named_step(tmp_path: Path) -> None:
     code = (
         "import time\n"
         "from slurm_gandiva.controller.act import Actor\n"
-        "from slurm_gandiva.requeue.protocol import Op, Step, StepEvent, StepEventKind\n"
+        "from slurm_gandiva.requeue.operations import Op, Step, StepEvent, StepEventKind\n"
         "from slurm_gandiva.store import Store\n"
         f"s = Store('sqlite:///{tmp_path}/c.db')\n"
         "a = Actor(None, s, clock=time.time, crash_at='suspend:signal')\n"

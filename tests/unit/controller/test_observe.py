@@ -12,7 +12,6 @@ from slurm_gandiva.controller.observe import (
     build_view,
     foreign_gpus,
     is_managed,
-    parse_gres_request,
     requested_gpu_count,
     requested_placement,
 )
@@ -37,9 +36,7 @@ def spec(jid: str, lo: int = 1, hi: int = 1, total: float | None = None) -> JobS
     return JobSpec(jid, "alice", lo, hi, 1000.0, total)
 
 
-def test_gres_parsing() -> None:
-    assert parse_gres_request("gres:gpu:g0:1,gres:gpu:g2:1") == (("gpu", "g0", 1), ("gpu", "g2", 1))
-    assert parse_gres_request("gres/gpu:2") == (("gpu", None, 2),)
+def test_requested_gpus_and_placement() -> None:
     assert requested_gpu_count(sjob("1", tres="gres:gpu:3")) == 3
     assert requested_gpu_count(sjob("1", tres="gres:shard:g1:1,gres:shard:g3:1")) == 2
     j = sjob("1", tres="gres:gpu:g1:1,gres:gpu:g3:1", nodes=("n2",))

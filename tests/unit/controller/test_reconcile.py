@@ -135,7 +135,7 @@ def test_recover_abandons_decisions_of_vanished_jobs(store: Store, tmp_path: Pat
 
 
 def test_recover_waits_for_a_job_signalled_before_the_crash(store: Store, tmp_path: Path) -> None:
-    from slurm_gandiva.requeue.protocol import Step
+    from slurm_gandiva.requeue.operations import Step
 
     rec(store, "1", JobState.RUNNING)
     store.open_slice("1", pl("n1", 0), 10.0)

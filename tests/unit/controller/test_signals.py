@@ -8,19 +8,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend, sjob
+from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
-from slurm_gandiva.config import parse_config
-from slurm_gandiva.controller.act import JobSignals
+from slurm_gandiva.config import load_config, parse_config
+from slurm_gandiva.controller.act import Actor
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.errors import BadRequest
 from slurm_gandiva.model import ClusterView, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.requeue.contract import REFUSED_SIGNALS, suspend_signal
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store import Store
 from slurm_gandiva.submit.request import parse_request
+from slurm_gandiva.topology.file import write_topology
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 
@@ -80,26 +82,43 @@ def test_a_spec_edited_to_a_refused_signal_falls_back_to_the_configured_one(tmp_
     assert store.get_job("1").signal == ""  # type: ignore[union-attr]
 
 
-def test_job_signals_routes_each_job_to_the_protocol_of_its_signal() -> None:
-    made: list[str] = []
+def test_each_operation_is_given_its_jobs_signal(tmp_path: Path) -> None:
+    cfg = parse_config(f"state_dir = {tmp_path}\ntick = 0.2\nquantum = 1\nsignal = URG\n")
+    running = {"gpus": {"n1": (0,)}, "hold": HoldKind.NONE}
+    jobs = [sjob(j, "RUNNING", **{**running, "gpus": {"n1": (i,)}}) for i, j in enumerate(("1", "2", "3"))]
+    cfg.job_root.mkdir()
+    for jid in ("1", "3"):
+        write_spec(cfg.job_root, SubmitSpec(job_id=jid, user="alice", min_gpus=1, max_gpus=1, signal="ALRM"))
+    backend = FakeBackend(jobs)
+    proto = FakeProtocol(backend)
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    ctl = Controller(cfg, backend, store, policy=SuspendAll(), protocol=proto, topology=TOPO,
+                     progress_reader=lambda _p, _u: None)
+    rep = ctl.tick()
+    assert rep.error == "" and all(r.ok for r in rep.results) and len(rep.results) == 3
+    # jobs 1 and 3 asked for ALRM at submission; job 2 has none: the protocol's configured signal
+    assert proto.signals == {"1": "ALRM", "2": None, "3": "ALRM"}
+    actor = Actor(backend, store, clock=lambda: 0.0)
+    actor.protocol = proto
+    actor._call(Decision(Action.MIGRATE, "1", pl("n2", 0)))
+    actor._call(Decision(Action.RESIZE, "2", pl("n2", 1, 2)))
+    assert (proto.signals["1"], proto.signals["2"]) == ("ALRM", None)
 
-    class Recorder:
-        def __init__(self, sig: str) -> None:
-            self.sig = sig
-            self.suspend_timeout = 1.0
-            made.append(sig)
 
-        def suspend(self, job_id: str) -> str:
-            return f"{job_id}:{self.sig}"
-
-    own = {"1": "ALRM", "2": "", "3": "ALRM"}
-    js = JobSignals(Recorder, own.__getitem__, "USR2")  # type: ignore[arg-type]
-    assert [js.suspend(j) for j in ("1", "2", "3")] == ["1:ALRM", "2:USR2", "3:ALRM"]
-    assert made == ["ALRM", "USR2"]  # one protocol per signal, kept
-    before = list(js._by_signal.values())
-    js.configure("XCPU", suspend_timeout=9.0)
-    assert all(p.suspend_timeout == 9.0 for p in before)  # type: ignore[attr-defined]
-    assert js.suspend("2") == "2:XCPU"
+def test_a_reload_changes_the_configured_signal(tmp_path: Path) -> None:
+    topo = tmp_path / "topology.json"
+    write_topology(TOPO, topo)
+    conf = tmp_path / "gandiva.conf"
+    base = f"state_dir = {tmp_path / 'state'}\ntopology_file = {topo}\npartitions = gpu\n"
+    conf.write_text(base + "signal = URG\n")
+    cfg = load_config(conf)
+    (tmp_path / "state").mkdir()
+    ctl = Controller(cfg, FakeBackend([]), Store(cfg.db_url), config_path=conf, progress_reader=lambda _p, _u: None)
+    proto = ctl.protocol
+    assert isinstance(proto, RequeueProtocol) and proto.signal_name == "URG"
+    conf.write_text(base + "signal = XCPU\nsuspend_timeout = 9\n")
+    assert ctl.reload()
+    assert (proto.signal_name, proto.suspend_timeout) == ("XCPU", 9.0)
 
 
 @pytest.mark.parametrize("name", ["KILL", "SIGSTOP", "9", "usr1", "TERM", "CONT"])

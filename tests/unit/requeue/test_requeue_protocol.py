@@ -10,25 +10,19 @@ from requeue_fakes import FakeClock, FakeJob, FakeSlurm
 
 from slurm_gandiva.errors import BadRequest, PermissionDenied, ProtocolError
 from slurm_gandiva.model import GpuRef, Placement
-from slurm_gandiva.requeue.protocol import (
-    RELEASE_LEAD_S,
-    GresKind,
+from slurm_gandiva.requeue.gres_plan import GresKind, busy_gpus, choose_gpus, gres_for, gres_kind
+from slurm_gandiva.requeue.operations import (
     Op,
     Outcome,
     Phase,
-    RequeueProtocol,
     Step,
     StepEvent,
     StepEventKind,
     StepRecord,
     as_mapping,
-    busy_gpus,
-    choose_gpus,
-    gres_for,
-    gres_kind,
-    parse_node_gpus,
     phase,
 )
+from slurm_gandiva.requeue.protocol import RELEASE_LEAD_S, RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind
 
 
@@ -88,6 +82,18 @@ def test_suspend_running_job_signals_waits_and_admin_holds(
     assert kinds[:2] == [(Step.SIGNAL, StepEventKind.START), (Step.SIGNAL, StepEventKind.END)]
     assert all(e.job_id == "7" and e.op is Op.SUSPEND for e in events)
     assert "admin-hold" in res.describe() and "total" in res.describe()
+
+
+def test_each_operation_sends_the_signal_it_names(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
+    slurm.add(FakeJob("7"))
+    slurm.add(FakeJob("8", gpus=(1,)))
+    slurm.add(FakeJob("9", gpus=(2,)))
+    res = proto.suspend("7", signal="ALRM")
+    assert res.outcome is Outcome.SUSPENDED
+    assert (res.step(Step.SIGNAL) or pytest.fail()).detail == "SIGALRM to the batch shell"
+    assert proto.migrate("8", place("n1", 3), signal="URG").outcome is Outcome.RUNNING
+    assert proto.suspend("9").outcome is Outcome.SUSPENDED  # none named: the protocol's own
+    assert [c[2] for c in slurm.called("signal")] == ["ALRM", "URG", "USR2"]
 
 
 def test_suspend_twice_is_a_no_op(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
@@ -500,7 +506,6 @@ def test_gres_and_gpu_choice_helpers() -> None:
     assert gres_kind("gres:gpu:2") is GresKind.UNTYPED
     assert gres_kind("gres:shard:g1:1") is GresKind.SHARD
     assert gres_kind("gres/gpu:0") is GresKind.NONE
-    assert parse_node_gpus("gpu:g0:1,gpu:g1:1(S:0),shard:g0:2,gpu:g3:1") == (0, 1, 3)
     assert choose_gpus((0, 1, 2, 3), {1}, 2, prefer=(3,)) == (0, 3)
     with pytest.raises(BadRequest, match="free"):
         choose_gpus((0, 1), {0}, 2)

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, SlurmError, SlurmUnreachable, UnknownJob
-from slurm_gandiva.model import GpuRef, Placement
-from slurm_gandiva.slurm import gres_string, make_backend, placement_gres
+from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import SubmitRequest
 from slurm_gandiva.slurm.cli_backend import CliBackend, _classify
 
@@ -240,15 +239,6 @@ def test_failed_gres_set_restores_the_old_gres(fake: Path, monkeypatch: pytest.M
         "scontrol update jobid=7 gres=gpu:g9:1",
         "scontrol update jobid=7 gres=gpu:g1:1,gpu:g3:1",
     ]
-
-
-def test_gres_strings() -> None:
-    assert gres_string((2, 0)) == "gpu:g0:1,gpu:g2:1"
-    assert gres_string([1], shared=True) == "shard:g1:1"
-    assert placement_gres(Placement((GpuRef("n2", 3), GpuRef("n2", 1)))) == ("n2", "gpu:g1:1,gpu:g3:1")
-    assert placement_gres(Placement((GpuRef("n1", 0), GpuRef("n2", 0)), shared=True)) == ("n1,n2", "shard:g0:1")
-    with pytest.raises(Exception, match="different GPU indices"):
-        placement_gres(Placement((GpuRef("n1", 0), GpuRef("n2", 1))))
 
 
 def test_capabilities_come_from_the_running_slurmctld_once(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -93,24 +93,6 @@ def test_errors_in_json_are_not_an_empty_queue() -> None:
 
 
 @pytest.mark.parametrize(
-    ("detail", "expected"),
-    [
-        ("gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)", {"gpu": (1, 3)}),
-        ("gpu:2(IDX:0-1)", {"gpu": (0, 1)}),
-        ("gpu:(null):3(IDX:0,2-3)", {"gpu": (0, 2, 3)}),
-        ("gpu:g0:1(IDX:0),gpu:g1:0(IDX:),gpu:g2:1(IDX:2)", {"gpu": (0, 2)}),
-        ("shard:g0:1(IDX:0),shard:g2:1(IDX:2)", {"shard": (0, 2)}),
-        ("gpu:g0:1(IDX:0),shard:g3:1(IDX:3)", {"gpu": (0,), "shard": (3,)}),
-        ("shard:g2:1(2/2)", {"shard": (2,)}),
-        ("gpu:g1:0(IDX:N/A)", {}),
-        ("", {}),
-    ],
-)
-def test_gres_detail(detail: str, expected: dict[str, tuple[int, ...]]) -> None:
-    assert parse.parse_gres_detail(detail) == expected
-
-
-@pytest.mark.parametrize(
     ("expr", "expected"),
     [
         ("n1", ("n1",)),
@@ -135,11 +117,3 @@ def test_numbers_and_states() -> None:
     # 24.11: a requeued job still being torn down (measured: seconds after requeuehold)
     tearing = parse.parse_job({"job_id": 9, "job_state": ["PENDING", "COMPLETING"], "state_reason": "JobHeldAdmin"})
     assert tearing.state == "COMPLETING" and not tearing.pending and tearing.hold is HoldKind.NONE
-
-
-def test_gres_requests() -> None:
-    assert parse.gres_request("gres:gpu:g1:1,gres:gpu:g3:1") == {("gpu", "g1"), ("gpu", "g3")}
-    assert parse.gres_request("gres/shard:g2:1") == {("shard", "g2")}
-    assert parse.gres_request("gpu:g1:0,gpu:g2:1") == {("gpu", "g2")}
-    assert parse.gres_items("gpu:2") == [("gpu", "", 2)]
-    assert parse.gres_request("") == frozenset()

@@ -15,7 +15,7 @@ from slurm_gandiva.slurm.pyslurm_backend import (
     _modify_value,
     _rpc_error,
     base_state,
-    gres_string,
+    gres_of,
     gres_used,
     load_pyslurm,
     reason_of,
@@ -43,7 +43,8 @@ def test_gpus_come_from_per_gpu_typed_requests_only() -> None:
     assert typed_allocation("gres/gpu:2") is None  # untyped: squeue's gres detail says which
     assert typed_allocation("gres/gpu:a100:2") is None
     assert typed_allocation("") == ((), ())
-    assert gres_string({"gres/gpu:g0": 1, "gres/gpu": 2}) == "gres/gpu:g0:1,gres/gpu:2"
+    assert gres_of({"gres/gpu:g0": 1, "gres/gpu": 2}) == "gres/gpu:g0:1,gres/gpu:2"
+    assert gres_of({"gpu:g0": {"count": 1}}) == "gpu:g0:1"
 
 
 def _job(jid: str, tres: str, gpus: dict[str, tuple[int, ...]], shards: dict[str, tuple[int, ...]]) -> SlurmJob:

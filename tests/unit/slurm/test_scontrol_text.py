@@ -12,6 +12,7 @@ import pytest
 
 from slurm_gandiva.slurm import parse, scontrol_text
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob
+from slurm_gandiva.slurm.gres import requested_gres
 
 LINES = (Path(__file__).parent / "data" / "scontrol_show_job_22.05.txt").read_text().splitlines()
 
@@ -25,7 +26,7 @@ def test_a_running_job_with_spaces_in_its_name_and_comment() -> None:
     assert job.job_id == "1" and job.name == "my job" and job.comment == "gandiva x"
     assert job.user == "root" and job.state == "RUNNING" and job.hold is HoldKind.NONE
     assert job.gpus == {"n1": (1, 2)} and job.shards == {}
-    assert parse.gres_request(job.tres_per_node) == parse.gres_request("gpu:g1:1,gpu:g2:1")
+    assert requested_gres(job.tres_per_node) == requested_gres("gpu:g1:1,gpu:g2:1")
     assert job.min_cpus_per_node == 1 and job.end_time > job.start_time > 0
 
 

@@ -11,7 +11,7 @@ from slurm_gandiva.errors import BadRequest, ConfigError
 from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.spec import read_spec, spec_from_script
 from slurm_gandiva.slurm.base import SlurmNode, SubmitRequest
-from slurm_gandiva.submit.cli import gres_gpu_count, resolve_paths, submit
+from slurm_gandiva.submit.cli import resolve_paths, submit
 from slurm_gandiva.submit.request import parse_request
 from slurm_gandiva.topology.file import write_topology
 
@@ -142,20 +142,6 @@ def test_missing_jobs_root_is_a_config_error(tmp_path: Path) -> None:
 def test_resolve_from_devcluster_layout(cluster: dict[str, str], tmp_path: Path) -> None:
     r = resolve_paths(parse_request(["--", "true"]), cluster)
     assert (r.jobs_root, r.topology) == (tmp_path / "jobs", tmp_path / "topology.json")
-
-
-@pytest.mark.parametrize(
-    "gres,n",
-    [
-        ("gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2", 2),
-        ("gpu:4(S:0-1)", 4),
-        ("", 0),
-        ("(null)", 0),
-        ("gpu:tesla:2,mps:100", 2),
-    ],
-)
-def test_gres_gpu_count(gres: str, n: int) -> None:
-    assert gres_gpu_count(gres) == n
 
 
 def test_cli_refuses_with_one_line_and_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
