@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from job_wrapper import ResumableSampler, SeededDataset, Session, epoch_order
 from job_wrapper import checkpoint as ckpt
-from job_wrapper.api import shard
+from job_wrapper.order import shard
 from slurm_gandiva.requeue.contract import ExitCode, JobFiles, read_progress
 
 N, BATCH, EPOCHS = 44, 8, 3  # 6 steps per epoch, the last of 4 samples: 18 in all

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from job_wrapper import Session, epoch_order
-from job_wrapper.api import shard
+from job_wrapper.order import shard
 from job_wrapper.progress import read_events
 from slurm_gandiva.requeue.contract import ExitCode, JobFiles, read_progress
 
