@@ -27,6 +27,8 @@ from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, read_progress
 from slurm_gandiva.requeue.protocol import Outcome, RequeueProtocol
 from slurm_gandiva.slurm.base import SlurmBackend, SubmitRequest
 
+pytestmark = pytest.mark.slurm  # every test here uses the real cluster
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RUNS = {
     # framework: (script, arguments, steps in all); 2 ranks. Lightning's --batch-size is the global batch (the

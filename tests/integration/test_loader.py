@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from test_requeue_cycle import hash_of, progress_step, reference_hash, starts, submit, wait_finished, wait_training
 
 from job_wrapper import checkpoint as ckpt
@@ -16,6 +17,8 @@ from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.requeue.protocol import Outcome, RequeueProtocol
 from slurm_gandiva.slurm.base import SlurmBackend
+
+pytestmark = pytest.mark.slurm  # every test here uses the real cluster
 
 SAMPLES, BATCH, EPOCHS = 192, 16, 4  # 12 steps an epoch, 48 in all
 

@@ -24,7 +24,7 @@ from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.requeue.protocol import Outcome, RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
 
 def on(nodes: tuple[str, ...], *gpus: int) -> Placement:

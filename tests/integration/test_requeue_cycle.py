@@ -25,6 +25,8 @@ from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, read_progress
 from slurm_gandiva.requeue.protocol import Outcome, Phase, RequeueProtocol, phase
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SubmitRequest
 
+pytestmark = pytest.mark.slurm  # every test here uses the real cluster
+
 BIN = Path(sys.executable).parent
 GANDIVA = str(BIN / "gandiva")
 WRAPPER = str(BIN / "gandiva-wrapper")

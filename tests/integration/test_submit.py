@@ -16,6 +16,8 @@ from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from slurm_gandiva.submit.spec import read_spec, spec_from_script, spec_path
 
+pytestmark = pytest.mark.slurm  # every test here uses the real cluster
+
 GANDIVA = str(Path(sys.executable).parent / "gandiva")
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
 NASTY_ARG = "it's \"odd\"; $(touch /tmp/gandiva-h8-pwned) `id` && echo  two  spaces"

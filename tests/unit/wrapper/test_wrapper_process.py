@@ -22,7 +22,7 @@ from job_wrapper import checkpoint as ckpt
 from job_wrapper.progress import read_events
 from slurm_gandiva.requeue.contract import ExitCode, JobFiles, read_progress
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WRAPPER = Path(sys.executable).with_name("gandiva-wrapper")
 TRAIN = ROOT / "examples" / "train.py"
 # 256 samples / 16 per batch = 16 steps per epoch, 3 epochs = 48 steps of ~0.04 s each.
