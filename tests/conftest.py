@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `from helpers import ...`
-
-from helpers import TEST_USER, ensure_user
-
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import SlurmBackend
+from tests.helpers import TEST_USER, ensure_user
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

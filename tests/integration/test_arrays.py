@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import run_as
-from test_controller import HASH_RE, Env, check_history, make_env, wait_for
-from test_requeue_cycle import hash_of, reference_hash
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import GpuRef
 from slurm_gandiva.slurm.base import SlurmBackend
 from slurm_gandiva.store import SliceEnd
+from tests.helpers import run_as
+from tests.integration.test_controller import HASH_RE, Env, check_history, make_env, wait_for
+from tests.integration.test_requeue_cycle import hash_of, reference_hash
 
 GANDIVA = str(Path(sys.executable).parent / "gandiva")
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import run_as
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import GpuRef, Locality, Placement, Topology
@@ -37,6 +36,7 @@ from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from slurm_gandiva.store import Outcome, SliceEnd, Store
 from slurm_gandiva.submit.spec import SubmitSpec, write_spec
 from slurm_gandiva.topology.file import read_topology, write_topology
+from tests.helpers import run_as
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent

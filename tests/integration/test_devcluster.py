@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
 
 from slurm_gandiva.devcluster.cluster import DevCluster, DevClusterError
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.slurm.base import SlurmBackend, SubmitRequest
 from slurm_gandiva.topology.file import read_topology
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slurm
 

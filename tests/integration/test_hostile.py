@@ -23,12 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import TEST_USER, ensure_user, run_as
-from test_controller import GANDIVA, TRAIN, WRAPPER, Env, make_env, wait_for
 
 from job_wrapper import checkpoint as ckpt
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.slurm.base import SlurmBackend
+from tests.helpers import TEST_USER, ensure_user, run_as
+from tests.integration.test_controller import GANDIVA, TRAIN, WRAPPER, Env, make_env, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 

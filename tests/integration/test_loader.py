@@ -10,13 +10,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_requeue_cycle import hash_of, progress_step, reference_hash, starts, submit, wait_finished, wait_training
 
 from job_wrapper import checkpoint as ckpt
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.requeue.protocol import Outcome, RequeueProtocol
 from slurm_gandiva.slurm.base import SlurmBackend
+from tests.integration.test_requeue_cycle import (
+    hash_of,
+    progress_step,
+    reference_hash,
+    starts,
+    submit,
+    wait_finished,
+    wait_training,
+)
 
 pytestmark = pytest.mark.slurm  # every test here uses the real cluster
 

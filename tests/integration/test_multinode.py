@@ -16,13 +16,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
-from test_requeue_cycle import hash_of, reference_hash, submit, wait_finished, wait_training
 
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.requeue.protocol import Outcome, RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
+from tests.helpers import wait_for
+from tests.integration.test_requeue_cycle import hash_of, reference_hash, submit, wait_finished, wait_training
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import TEST_USER, ensure_user, wait_for
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import InvalidRequest, SlurmError, SlurmUnreachable, UnknownJob
@@ -31,6 +30,7 @@ from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, Snapshot,
 from slurm_gandiva.slurm.capabilities import installed_release
 from slurm_gandiva.slurm.cli_backend import CliBackend
 from slurm_gandiva.slurm.parse import gres_request
+from tests.helpers import TEST_USER, ensure_user, wait_for
 
 pytestmark = pytest.mark.pyslurm
 

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import run_as, wait_for
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, SlurmUnreachable, UnknownJob
@@ -18,6 +17,7 @@ from slurm_gandiva.slurm import make_backend, placement_gres
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SubmitRequest
 from slurm_gandiva.slurm.cli_backend import _classify
 from slurm_gandiva.slurm.parse import gres_request
+from tests.helpers import run_as, wait_for
 
 pytestmark = pytest.mark.slurm
 

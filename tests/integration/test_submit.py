@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_as, wait_for
 
 from job_wrapper.progress import read_events
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from slurm_gandiva.submit.spec import read_spec, spec_from_script, spec_path
+from tests.helpers import run_as, wait_for
 
 pytestmark = pytest.mark.slurm  # every test here uses the real cluster
 

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
 
 from job_wrapper import checkpoint as ckpt
 from job_wrapper.progress import read_events
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SubmitRequest
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slurm  # every test here uses the real cluster
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from helpers import TWO_BY_FOUR, gp
 
 from slurm_gandiva.model import (
     ClusterView,
@@ -18,6 +17,7 @@ from slurm_gandiva.model import (
     TrialKind,
 )
 from slurm_gandiva.plan import Action, Decision, Plan
+from tests.helpers import TWO_BY_FOUR, gp
 
 
 def job(

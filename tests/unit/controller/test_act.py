@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 from slurm_gandiva.controller.act import Actor
 from slurm_gandiva.errors import ProtocolError
@@ -17,6 +16,7 @@ from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.requeue.protocol import Op, Step, StepEvent, StepEventKind
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store import Outcome, SliceEnd, Store
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 
 @pytest.fixture

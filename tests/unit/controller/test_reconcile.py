@@ -7,7 +7,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 from slurm_gandiva.controller.reconcile import Reconciler
 from slurm_gandiva.model import JobSpec, JobState
@@ -15,6 +14,7 @@ from slurm_gandiva.plan import Action
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store import Outcome, SliceEnd, Store
 from slurm_gandiva.submit.spec import SubmitSpec, write_spec
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
-from controller_fakes import FakeBackend, FakeProtocol, sjob
 
 from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.controller.service import Controller
@@ -17,6 +16,7 @@ from slurm_gandiva.model import ClusterView, GpuRef, JobState, Locality, Placeme
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.store import SliceEnd, Store
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, sjob
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 

@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend, sjob
 
 from slurm_gandiva.controller.act import JobSignals
 from slurm_gandiva.controller.config import parse_config
@@ -21,6 +20,7 @@ from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store import Store
 from slurm_gandiva.submit.request import parse_request
 from slurm_gandiva.submit.spec import SubmitSpec, write_spec
+from tests.unit.controller.controller_fakes import FakeBackend, sjob
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 

@@ -6,7 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sim_toy_policies import ToyDoubleBook, ToyFifo, ToyGrowShrink, ToyPackAll, ToyRoundRobin
 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import ClusterView, GpuRef, Placement
@@ -14,6 +13,7 @@ from slurm_gandiva.plan import Plan
 from slurm_gandiva.sim.engine import Overheads, PlanRejected, SimConfig, Simulator
 from slurm_gandiva.sim.models import load_profile
 from slurm_gandiva.sim.trace import Trace, TraceJob, load_philly
+from tests.unit.sim.sim_toy_policies import ToyDoubleBook, ToyFifo, ToyGrowShrink, ToyPackAll, ToyRoundRobin
 
 ZERO = Overheads(start=0, suspend=0, resume=0)
 ONE_GPU = SimConfig(nodes=1, gpus_per_node=1, overheads=ZERO)
