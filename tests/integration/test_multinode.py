@@ -107,10 +107,10 @@ def test_a_job_across_nodes_moves_to_other_gpus_and_resizes_8_4_8_seeing_every_s
     proto = RequeueProtocol(slurm, suspend_timeout=90.0, jobs_root=job_dir)
     plan = [
         (proto.resume, on(BOTH, 0, 1)),  # 4 GPUs, two on each node
-        (proto.migrate, on(BOTH, 2, 3)),  # moved to the other two GPUs of each node
-        (proto.resize, on(BOTH, 0, 1, 2, 3)),  # 8
-        (proto.resize, on(("n1",), 0, 1, 2, 3)),  # 4 on one node
-        (proto.resize, on(BOTH, 0, 1, 2, 3)),  # 8 again
+        (proto.migrate, on(BOTH, 2, 3)),  # type: ignore[list-item]  # moved to the other two GPUs of each node
+        (proto.resize, on(BOTH, 0, 1, 2, 3)),  # type: ignore[list-item]  # 8
+        (proto.resize, on(("n1",), 0, 1, 2, 3)),  # type: ignore[list-item]  # 4 on one node
+        (proto.resize, on(BOTH, 0, 1, 2, 3)),  # type: ignore[list-item]  # 8 again
     ]
     since = 0.0
     for i, (op, target) in enumerate(plan):
@@ -143,8 +143,8 @@ def test_a_rank_killed_on_the_second_node_fails_the_job_cleanly_with_nothing_lef
     assert proto.resume(job_id, on(BOTH, 0, 1)).outcome is Outcome.RUNNING
     wait_training(slurm, files, job_id, beyond=3, timeout=120.0)
     launched = {e["host"]: e["children"] for e in events(files) if e["event"] == "node_start"}
-    assert sorted(launched) == ["n1", "n2"]
-    ranks = [int(p) for pids in launched.values() for p in pids]  # type: ignore[union-attr]
+    assert sorted(launched) == ["n1", "n2"]  # type: ignore[type-var]
+    ranks = [int(p) for pids in launched.values() for p in pids]  # type: ignore[attr-defined]
     victim = int(launched["n2"][1])  # type: ignore[index]  # rank 3, on the second node
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)

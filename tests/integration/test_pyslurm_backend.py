@@ -166,7 +166,7 @@ def test_same_snapshot_for_running_held_requeued_and_finished_jobs(
     held = submit(cli, jobs_here, "--hold", "--gres=gpu:g0:1")
     done = submit(cli, jobs_here, "--gres=gpu:g0:1", script="#!/bin/bash\nexit 3\n")
     for jid in (whole, shards, untyped):
-        wait_for(lambda jid=jid: running(cli, jid), what=f"job {jid} running")
+        wait_for(lambda jid=jid: running(cli, jid), what=f"job {jid} running")  # type: ignore[misc]
     wait_for(lambda: cli.job(done).finished, what="job finished")
     snap = same_snapshot(cli, ps)
     by_id = {j.job_id: j for j in snap.jobs}

@@ -148,4 +148,4 @@ def test_sbatch_job_starts_on_exact_gpus_then_resizes_to_another_node(
     assert events("start")[1]["gpus"] == [str(job.gpus["n2"][0])]
     wait_for(lambda: (j := slurm.job(job_id)).finished and j, timeout=120, what="the job to finish")
     assert slurm.job(job_id).state == "COMPLETED"
-    assert read_progress(files.progress).state == "done"  # type: ignore[union-attr]
+    assert read_progress(files.progress).state == "done"

@@ -14,6 +14,7 @@ from slurm_gandiva.controller.config import parse_config
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.model import ClusterView, GpuRef, JobState, Locality, Placement, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.slurm.base import SlurmJob
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.store import SliceEnd, Store
 from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, sjob
@@ -54,7 +55,7 @@ class Toy:
 
 
 def make(
-    tmp_path: Path, jobs: list, policy: Toy | None = None, conf: str = ""
+    tmp_path: Path, jobs: list[SlurmJob], policy: Toy | None = None, conf: str = ""
 ) -> tuple[Controller, FakeBackend, Store]:
     backend = FakeBackend(jobs)
     store = Store(f"sqlite:///{tmp_path / 'g.db'}")
@@ -76,7 +77,7 @@ def old(jid: str, gpus: str = "gres:gpu:1") -> object:
 
 
 def test_tick_registers_and_starts_jobs(tmp_path: Path) -> None:
-    ctl, _backend, store = make(tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")])
+    ctl, _backend, store = make(tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")])  # type: ignore[list-item]
     rep = ctl.tick()
     assert not rep.error
     started = {r.decision.job_id: r.decision.placement for r in rep.results if r.ok}
@@ -90,7 +91,7 @@ def test_tick_registers_and_starts_jobs(tmp_path: Path) -> None:
 def test_round_log_records_what_the_policy_saw_and_decided(tmp_path: Path) -> None:
     log = tmp_path / "rounds.jsonl"
     ctl, _backend, _store = make(
-        tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], conf=f"round_log = {log}"
+        tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], conf=f"round_log = {log}"  # type: ignore[list-item]
     )
     ctl.tick()
     ctl.tick()
@@ -110,7 +111,7 @@ def test_round_log_records_what_the_policy_saw_and_decided(tmp_path: Path) -> No
 
 def test_round_log_is_rotated_by_size(tmp_path: Path) -> None:
     log = tmp_path / "rounds.jsonl"
-    ctl, _backend, _store = make(tmp_path, [old("1"), old("2")], conf=f"round_log = {log}\nround_log_max_mb = 0.002")
+    ctl, _backend, _store = make(tmp_path, [old("1"), old("2")], conf=f"round_log = {log}\nround_log_max_mb = 0.002")  # type: ignore[list-item]
     for _ in range(12):
         ctl.tick()
     rotated = log.with_name("rounds.jsonl.1")
@@ -118,7 +119,7 @@ def test_round_log_is_rotated_by_size(tmp_path: Path) -> None:
     assert all(0 < p.stat().st_size <= 2000 for p in (log, rotated))
     ats = [json.loads(line)["at"] for line in lines]
     assert ats == sorted(ats) and 2 < len(ats) < 12  # the latest rounds, in order; the oldest dropped
-    assert ats[-1] == ctl.last_report.view.now  # type: ignore[union-attr]
+    assert ats[-1] == ctl.last_report.view.now
 
 
 def test_a_steady_round_reads_the_store_once_per_kind_of_record(tmp_path: Path) -> None:
@@ -127,7 +128,7 @@ def test_a_steady_round_reads_the_store_once_per_kind_of_record(tmp_path: Path) 
     def statements(n: int) -> int:
         d = tmp_path / str(n)
         d.mkdir()
-        ctl, _backend, store = make(d, [old(str(i)) for i in range(1, n + 1)])
+        ctl, _backend, store = make(d, [old(str(i)) for i in range(1, n + 1)])  # type: ignore[misc]
         ctl.tick()  # registers them and starts 8 (two 4-GPU nodes)
         ctl.store.record_rate("1", 1, Locality.NODE, 5.0, time.time())
         assert ctl.tick().results == ()
@@ -142,7 +143,7 @@ def test_a_steady_round_reads_the_store_once_per_kind_of_record(tmp_path: Path) 
 
 def test_time_slicing_rotates_and_keeps_history(tmp_path: Path) -> None:
     ctl, _backend, store = make(
-        tmp_path, [old("1", "gres:gpu:4"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], policy=Toy(quantum=0.3)
+        tmp_path, [old("1", "gres:gpu:4"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], policy=Toy(quantum=0.3)  # type: ignore[list-item]
     )
     ctl.tick()
     time.sleep(0.35)
@@ -155,7 +156,7 @@ def test_time_slicing_rotates_and_keeps_history(tmp_path: Path) -> None:
 
 def test_failing_policy_is_isolated(tmp_path: Path) -> None:
     pol = Toy()
-    ctl, _b, _store = make(tmp_path, [old("1")], policy=pol)
+    ctl, _b, _store = make(tmp_path, [old("1")], policy=pol)  # type: ignore[list-item]
     pol.fail = True
     rep = ctl.tick()
     assert "policy bug" in rep.error
@@ -165,7 +166,7 @@ def test_failing_policy_is_isolated(tmp_path: Path) -> None:
 
 def test_double_booking_plan_is_refused(tmp_path: Path) -> None:
     pol = Toy()
-    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)
+    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)  # type: ignore[list-item]
     ctl.reconcile()
     g = Placement((GpuRef("n1", 0),))
     pol.override = Plan((Decision(Action.START, "1", g), Decision(Action.START, "2", g)))
@@ -176,7 +177,7 @@ def test_double_booking_plan_is_refused(tmp_path: Path) -> None:
 
 
 def test_run_forever_ticks_until_stopped(tmp_path: Path) -> None:
-    ctl, _b, store = make(tmp_path, [old("1"), old("2")])
+    ctl, _b, store = make(tmp_path, [old("1"), old("2")])  # type: ignore[list-item]
     out: list[int] = []
     t = threading.Thread(target=lambda: out.append(ctl.run_forever(metrics=False)))
     t.start()
@@ -217,7 +218,7 @@ def test_reload_keeps_old_config_when_new_one_is_bad(tmp_path: Path) -> None:
 
 
 def test_metrics_follow_the_loop(tmp_path: Path) -> None:
-    ctl, _b, _s = make(tmp_path, [old("1"), old("2")])
+    ctl, _b, _s = make(tmp_path, [old("1"), old("2")])  # type: ignore[list-item]
     ctl.tick()
     text = ctl.metrics.exposition().decode()
     assert 'gandiva_jobs{state="running"} 2.0' in text
@@ -250,9 +251,9 @@ def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
     view = ClusterView(TOPO, jobs, 0.0)
     plan = Plan((Decision(Action.SUSPEND, "1"), Decision(Action.SUSPEND, "2"),
                  Decision(Action.START, "3", g0), Decision(Action.START, "4", g1)))
-    out = spare_finishing(plan, view, {"1": P(960, 960), "2": P(100, 960)})
+    out = spare_finishing(plan, view, {"1": P(960, 960), "2": P(100, 960)})  # type: ignore[dict-item]
     assert [(d.action, d.job_id) for d in out.decisions] == [(Action.SUSPEND, "2"), (Action.START, "4")]
-    assert spare_finishing(plan, view, {"1": P(5, None, state="done")}).for_job("3") is None
+    assert spare_finishing(plan, view, {"1": P(5, None, state="done")}).for_job("3") is None  # type: ignore[dict-item]
     assert spare_finishing(plan, view, {}) is plan
 
 
@@ -281,7 +282,7 @@ def test_metrics_endpoint_serves_prometheus_text(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ctl, _b, _s = make(tmp_path, [old("1")], conf=f"metrics_port = {port}\n")
+    ctl, _b, _s = make(tmp_path, [old("1")], conf=f"metrics_port = {port}\n")  # type: ignore[list-item]
     ctl._start_metrics()
     try:
         ctl.tick()
@@ -369,7 +370,7 @@ def test_a_waiting_jobs_inputs_are_kept_while_they_are_the_same_objects(tmp_path
 
     policy = Toy()
     policy.override = Plan()  # nothing is started: every job waits
-    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy)
+    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy)  # type: ignore[list-item]
     try:
         ctl.tick()  # registers both
         ctl.tick()
@@ -412,7 +413,7 @@ def test_a_tick_that_falls_during_a_long_round_runs_when_it_ends(tmp_path: Path)
             rounds.append((start, time.time()))
             return Plan()
 
-    backend = FakeBackend([old("1")])
+    backend = FakeBackend([old("1")])  # type: ignore[list-item]
     store = Store(f"sqlite:///{tmp_path / 'g.db'}")
     cfg = parse_config(f"state_dir = {tmp_path}\ntick = 1\nquantum = 2\nintrospect = 60\n")
     ctl = Controller(cfg, backend, store, policy=Slow(), protocol=FakeProtocol(backend), topology=TOPO,
@@ -439,7 +440,7 @@ def running_pair(
 ) -> tuple[Controller, FakeBackend, Store, Toy, FakeProtocol]:
     """Jobs 1 and 2 started by a first round on Slurm `release`; job 1's start waits for a begin time."""
     pol = Toy()
-    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)
+    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)  # type: ignore[list-item]
     backend.caps = SlurmCapabilities.for_release(release)
     proto = ctl.actor.protocol
     assert isinstance(proto, FakeProtocol)

@@ -16,7 +16,7 @@ from slurm_gandiva.errors import BadRequest
 from slurm_gandiva.model import ClusterView, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.requeue.contract import REFUSED_SIGNALS, suspend_signal
-from slurm_gandiva.slurm.base import HoldKind
+from slurm_gandiva.slurm.base import HoldKind, SlurmJob
 from slurm_gandiva.store import Store
 from slurm_gandiva.submit.request import parse_request
 from slurm_gandiva.submit.spec import SubmitSpec, write_spec
@@ -28,7 +28,7 @@ TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 class WrapperBackend(FakeBackend):
     """A running job's wrapper answers the signal it catches: checkpoint, status.json, requeue-hold."""
 
-    def __init__(self, jobs: list, jobs_root: Path) -> None:
+    def __init__(self, jobs: list[SlurmJob], jobs_root: Path) -> None:
         super().__init__(jobs)
         self.jobs_root = jobs_root
         self.signals: dict[str, str] = {}
@@ -54,7 +54,7 @@ class SuspendAll:
 def test_each_job_is_suspended_with_its_own_signal(tmp_path: Path) -> None:
     cfg = parse_config(f"state_dir = {tmp_path}\ntick = 0.2\nquantum = 1\nsignal = URG\nsuspend_timeout = 5\n")
     running = {"gpus": {"n1": (0,)}, "hold": HoldKind.NONE}
-    jobs = [sjob("1", "RUNNING", **running), sjob("2", "RUNNING", **{**running, "gpus": {"n1": (1,)}})]
+    jobs = [sjob("1", "RUNNING", **running), sjob("2", "RUNNING", **{**running, "gpus": {"n1": (1,)}})]  # type: ignore[arg-type]
     cfg.job_root.mkdir()
     write_spec(cfg.job_root, SubmitSpec(job_id="1", user="alice", min_gpus=1, max_gpus=1, signal="ALRM"))
     backend = WrapperBackend(jobs, cfg.job_root)
@@ -64,7 +64,7 @@ def test_each_job_is_suspended_with_its_own_signal(tmp_path: Path) -> None:
     assert rep.error == "" and all(r.ok for r in rep.results) and len(rep.results) == 2
     # job 1 asked for ALRM at submission; job 2 has no spec (plain sbatch): the configured signal
     assert backend.signals == {"1": "ALRM", "2": "URG"}
-    assert store.get_job("1").signal == "ALRM" and store.get_job("2").signal == ""  # type: ignore[union-attr]
+    assert store.get_job("1").signal == "ALRM" and store.get_job("2").signal == ""
 
 
 def test_a_spec_edited_to_a_refused_signal_falls_back_to_the_configured_one(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_a_spec_edited_to_a_refused_signal_falls_back_to_the_configured_one(tmp_
     ctl = Controller(cfg, backend, store, policy=SuspendAll(), topology=TOPO, progress_reader=lambda _p, _u: None)
     found = ctl.reconcile()
     assert any(f.kind == "signal-refused" and "KILL cannot suspend a job" in f.detail for f in found)
-    assert store.get_job("1").signal == ""  # type: ignore[union-attr]
+    assert store.get_job("1").signal == ""
 
 
 def test_job_signals_routes_each_job_to_the_protocol_of_its_signal() -> None:
@@ -94,12 +94,12 @@ def test_job_signals_routes_each_job_to_the_protocol_of_its_signal() -> None:
 
     own = {"1": "ALRM", "2": "", "3": "ALRM"}
     js = JobSignals(Recorder, own.__getitem__, "USR2")  # type: ignore[arg-type]
-    assert [js.suspend(j) for j in ("1", "2", "3")] == ["1:ALRM", "2:USR2", "3:ALRM"]
+    assert [js.suspend(j) for j in ("1", "2", "3")] == ["1:ALRM", "2:USR2", "3:ALRM"]  # type: ignore[comparison-overlap]
     assert made == ["ALRM", "USR2"]  # one protocol per signal, kept
     before = list(js._by_signal.values())
     js.configure("XCPU", suspend_timeout=9.0)
     assert all(p.suspend_timeout == 9.0 for p in before)  # type: ignore[attr-defined]
-    assert js.suspend("2") == "2:XCPU"
+    assert js.suspend("2") == "2:XCPU"  # type: ignore[comparison-overlap]
 
 
 @pytest.mark.parametrize("name", ["KILL", "SIGSTOP", "9", "usr1", "TERM", "CONT"])

@@ -55,7 +55,7 @@ class Run:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for ev in read_events(self.files.events):
-                if ev["event"] == name and float(ev["time"]) >= self.started:  # type: ignore[arg-type]
+                if ev["event"] == name and float(ev["time"]) >= self.started:
                     return ev
             assert self.proc.poll() is None, f"wrapper exited early ({self.proc.returncode}): {self.output()}"
             time.sleep(0.02)
@@ -76,7 +76,7 @@ class Run:
         return self.log.read_text() if self.log.exists() else ""
 
     def events(self) -> list[dict[str, object]]:
-        return [e for e in read_events(self.files.events) if float(e["time"]) >= self.started]  # type: ignore[arg-type]
+        return [e for e in read_events(self.files.events) if float(e["time"]) >= self.started]
 
 
 def start(state: Path, nprocs: int = 1, extra: list[str] | None = None, env: dict[str, str] | None = None) -> Run:
