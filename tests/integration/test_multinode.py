@@ -13,13 +13,14 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
-from slurm_gandiva.requeue.protocol import Outcome, RequeueProtocol
+from slurm_gandiva.requeue.protocol import OpResult, Outcome, RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from tests.helpers import wait_for
 from tests.integration.test_requeue_cycle import hash_of, reference_hash, submit, wait_finished, wait_training
@@ -105,12 +106,12 @@ def test_a_job_across_nodes_moves_to_other_gpus_and_resizes_8_4_8_seeing_every_s
     cleanup_jobs.append(job_id)
     files = JobFiles(job_dir / job_id)
     proto = RequeueProtocol(slurm, suspend_timeout=90.0, jobs_root=job_dir)
-    plan = [
+    plan: list[tuple[Callable[..., OpResult], Placement]] = [
         (proto.resume, on(BOTH, 0, 1)),  # 4 GPUs, two on each node
-        (proto.migrate, on(BOTH, 2, 3)),  # type: ignore[list-item]  # moved to the other two GPUs of each node
-        (proto.resize, on(BOTH, 0, 1, 2, 3)),  # type: ignore[list-item]  # 8
-        (proto.resize, on(("n1",), 0, 1, 2, 3)),  # type: ignore[list-item]  # 4 on one node
-        (proto.resize, on(BOTH, 0, 1, 2, 3)),  # type: ignore[list-item]  # 8 again
+        (proto.migrate, on(BOTH, 2, 3)),  # moved to the other two GPUs of each node
+        (proto.resize, on(BOTH, 0, 1, 2, 3)),  # 8
+        (proto.resize, on(("n1",), 0, 1, 2, 3)),  # 4 on one node
+        (proto.resize, on(BOTH, 0, 1, 2, 3)),  # 8 again
     ]
     since = 0.0
     for i, (op, target) in enumerate(plan):

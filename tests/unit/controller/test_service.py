@@ -72,12 +72,12 @@ def make(
     return ctl, backend, store
 
 
-def old(jid: str, gpus: str = "gres:gpu:1") -> object:
+def old(jid: str, gpus: str = "gres:gpu:1") -> SlurmJob:
     return sjob(jid, submit=time.time() - 600, tres=gpus)  # past the spec grace: plain sbatch jobs
 
 
 def test_tick_registers_and_starts_jobs(tmp_path: Path) -> None:
-    ctl, _backend, store = make(tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")])  # type: ignore[list-item]
+    ctl, _backend, store = make(tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")])
     rep = ctl.tick()
     assert not rep.error
     started = {r.decision.job_id: r.decision.placement for r in rep.results if r.ok}
@@ -91,7 +91,7 @@ def test_tick_registers_and_starts_jobs(tmp_path: Path) -> None:
 def test_round_log_records_what_the_policy_saw_and_decided(tmp_path: Path) -> None:
     log = tmp_path / "rounds.jsonl"
     ctl, _backend, _store = make(
-        tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], conf=f"round_log = {log}"  # type: ignore[list-item]
+        tmp_path, [old("1", "gres:gpu:2"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], conf=f"round_log = {log}"
     )
     ctl.tick()
     ctl.tick()
@@ -111,7 +111,7 @@ def test_round_log_records_what_the_policy_saw_and_decided(tmp_path: Path) -> No
 
 def test_round_log_is_rotated_by_size(tmp_path: Path) -> None:
     log = tmp_path / "rounds.jsonl"
-    ctl, _backend, _store = make(tmp_path, [old("1"), old("2")], conf=f"round_log = {log}\nround_log_max_mb = 0.002")  # type: ignore[list-item]
+    ctl, _backend, _store = make(tmp_path, [old("1"), old("2")], conf=f"round_log = {log}\nround_log_max_mb = 0.002")
     for _ in range(12):
         ctl.tick()
     rotated = log.with_name("rounds.jsonl.1")
@@ -128,7 +128,7 @@ def test_a_steady_round_reads_the_store_once_per_kind_of_record(tmp_path: Path) 
     def statements(n: int) -> int:
         d = tmp_path / str(n)
         d.mkdir()
-        ctl, _backend, store = make(d, [old(str(i)) for i in range(1, n + 1)])  # type: ignore[misc]
+        ctl, _backend, store = make(d, [old(str(i)) for i in range(1, n + 1)])
         ctl.tick()  # registers them and starts 8 (two 4-GPU nodes)
         ctl.store.record_rate("1", 1, Locality.NODE, 5.0, time.time())
         assert ctl.tick().results == ()
@@ -143,7 +143,7 @@ def test_a_steady_round_reads_the_store_once_per_kind_of_record(tmp_path: Path) 
 
 def test_time_slicing_rotates_and_keeps_history(tmp_path: Path) -> None:
     ctl, _backend, store = make(
-        tmp_path, [old("1", "gres:gpu:4"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], policy=Toy(quantum=0.3)  # type: ignore[list-item]
+        tmp_path, [old("1", "gres:gpu:4"), old("2", "gres:gpu:4"), old("3", "gres:gpu:4")], policy=Toy(quantum=0.3)
     )
     ctl.tick()
     time.sleep(0.35)
@@ -156,7 +156,7 @@ def test_time_slicing_rotates_and_keeps_history(tmp_path: Path) -> None:
 
 def test_failing_policy_is_isolated(tmp_path: Path) -> None:
     pol = Toy()
-    ctl, _b, _store = make(tmp_path, [old("1")], policy=pol)  # type: ignore[list-item]
+    ctl, _b, _store = make(tmp_path, [old("1")], policy=pol)
     pol.fail = True
     rep = ctl.tick()
     assert "policy bug" in rep.error
@@ -166,7 +166,7 @@ def test_failing_policy_is_isolated(tmp_path: Path) -> None:
 
 def test_double_booking_plan_is_refused(tmp_path: Path) -> None:
     pol = Toy()
-    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)  # type: ignore[list-item]
+    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)
     ctl.reconcile()
     g = Placement((GpuRef("n1", 0),))
     pol.override = Plan((Decision(Action.START, "1", g), Decision(Action.START, "2", g)))
@@ -177,7 +177,7 @@ def test_double_booking_plan_is_refused(tmp_path: Path) -> None:
 
 
 def test_run_forever_ticks_until_stopped(tmp_path: Path) -> None:
-    ctl, _b, store = make(tmp_path, [old("1"), old("2")])  # type: ignore[list-item]
+    ctl, _b, store = make(tmp_path, [old("1"), old("2")])
     out: list[int] = []
     t = threading.Thread(target=lambda: out.append(ctl.run_forever(metrics=False)))
     t.start()
@@ -218,7 +218,7 @@ def test_reload_keeps_old_config_when_new_one_is_bad(tmp_path: Path) -> None:
 
 
 def test_metrics_follow_the_loop(tmp_path: Path) -> None:
-    ctl, _b, _s = make(tmp_path, [old("1"), old("2")])  # type: ignore[list-item]
+    ctl, _b, _s = make(tmp_path, [old("1"), old("2")])
     ctl.tick()
     text = ctl.metrics.exposition().decode()
     assert 'gandiva_jobs{state="running"} 2.0' in text
@@ -282,7 +282,7 @@ def test_metrics_endpoint_serves_prometheus_text(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ctl, _b, _s = make(tmp_path, [old("1")], conf=f"metrics_port = {port}\n")  # type: ignore[list-item]
+    ctl, _b, _s = make(tmp_path, [old("1")], conf=f"metrics_port = {port}\n")
     ctl._start_metrics()
     try:
         ctl.tick()
@@ -370,7 +370,7 @@ def test_a_waiting_jobs_inputs_are_kept_while_they_are_the_same_objects(tmp_path
 
     policy = Toy()
     policy.override = Plan()  # nothing is started: every job waits
-    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy)  # type: ignore[list-item]
+    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy)
     try:
         ctl.tick()  # registers both
         ctl.tick()
@@ -413,7 +413,7 @@ def test_a_tick_that_falls_during_a_long_round_runs_when_it_ends(tmp_path: Path)
             rounds.append((start, time.time()))
             return Plan()
 
-    backend = FakeBackend([old("1")])  # type: ignore[list-item]
+    backend = FakeBackend([old("1")])
     store = Store(f"sqlite:///{tmp_path / 'g.db'}")
     cfg = parse_config(f"state_dir = {tmp_path}\ntick = 1\nquantum = 2\nintrospect = 60\n")
     ctl = Controller(cfg, backend, store, policy=Slow(), protocol=FakeProtocol(backend), topology=TOPO,
@@ -440,7 +440,7 @@ def running_pair(
 ) -> tuple[Controller, FakeBackend, Store, Toy, FakeProtocol]:
     """Jobs 1 and 2 started by a first round on Slurm `release`; job 1's start waits for a begin time."""
     pol = Toy()
-    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)  # type: ignore[list-item]
+    ctl, backend, store = make(tmp_path, [old("1"), old("2")], policy=pol)
     backend.caps = SlurmCapabilities.for_release(release)
     proto = ctl.actor.protocol
     assert isinstance(proto, FakeProtocol)
