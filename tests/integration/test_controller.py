@@ -167,10 +167,10 @@ def reference_hash(tmp_path: Path, steps: int) -> str:
     argv = [WRAPPER, "--state-dir", str(d), "--nprocs", "1", "--", sys.executable, TRAIN,
             "--epochs", "1000", "--steps", str(steps), "--sleep-per-step", "0"]
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
-    m = HASH_RE.findall(p.stdout + p.stderr)
+    m: list[str] = HASH_RE.findall(p.stdout + p.stderr)
     assert m, p.stdout + p.stderr
     _REFERENCE[(steps,)] = m[-1]
-    return m[-1]  # type: ignore[no-any-return]
+    return m[-1]
 
 
 class GpuWatch:
