@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from job_wrapper.api import (
         Session,
-        epoch_order,
         exit_process,
         init_distributed,
         ordered_allreduce,
@@ -19,13 +18,14 @@ if TYPE_CHECKING:
     )
     from job_wrapper.checkpoint import CheckpointError
     from job_wrapper.data import ResumableSampler, SeededDataset
+    from job_wrapper.order import epoch_order
 
 __all__ = ["CheckpointError", "ResumableSampler", "SeededDataset", "Session", "epoch_order", "exit_process",
            "init_distributed", "ordered_allreduce", "rank_and_world_size"]
 
 _LAZY = {
     "Session": "job_wrapper.api",
-    "epoch_order": "job_wrapper.api",
+    "epoch_order": "job_wrapper.order",
     "exit_process": "job_wrapper.api",
     "init_distributed": "job_wrapper.api",
     "ordered_allreduce": "job_wrapper.api",

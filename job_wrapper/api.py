@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from job_wrapper import checkpoint as ckpt
 from job_wrapper.agree import StopAgreement
 from job_wrapper.launcher import FAST_EXIT_ENV
+from job_wrapper.order import epoch_order, shard
 from job_wrapper.progress import Counters, ProgressReporter, append_event
 from slurm_gandiva.requeue.contract import (
     PROGRESS_INTERVAL_ENV,
@@ -173,20 +174,6 @@ def _leave(code: int, *, fast: bool) -> NoReturn:
                 stream.flush()
         os._exit(code)
     raise SystemExit(code)
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The global sample order of one epoch: depends on (n, seed, epoch) only, never on the world size."""
-    import torch
-
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (1 << 63))
-    order: list[int] = torch.randperm(n, generator=gen).tolist()
-    return order
-
-
-def shard(global_batch: Sequence[int], rank: int, world_size: int) -> Sequence[int]:
-    """This rank's part of a global mini-batch (strided, so sizes differ by at most one)."""
-    return global_batch[rank::world_size]
 
 
 def _unwrap(model: Any) -> Any:

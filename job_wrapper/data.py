@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from torch.utils.data import Dataset, Sampler, get_worker_info
 
-from job_wrapper.api import epoch_order, shard
+from job_wrapper.order import epoch_order, shard
 
 
 def epoch_length(size: int, batch_size: int, drop_last: bool) -> int:

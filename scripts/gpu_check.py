@@ -12,7 +12,7 @@
    parameter hash; the run must say it trained on cuda;
 5. (informational) two ranks on one GPU through gloo: CUDA tensors in ordered_allreduce's all-gather.
 Exit status 0 when checks 1-4 pass. No Slurm is needed: the wrapper runs outside a job, as in
-tests/integration/test_wrapper_process.py.
+tests/unit/wrapper/test_wrapper_process.py.
 """
 
 from __future__ import annotations

@@ -57,6 +57,9 @@ echo "== ruff"
 echo "== mypy"
 .venv/bin/mypy || { status=1; failed+=(mypy); }
 pytest_=(.venv/bin/pytest -ra --strict-markers -p no:cacheprovider --durations=10)
+# Folders and markers agree (tests/conftest.py stops a run where they do not): tests/unit/ needs no Slurm,
+# every test in tests/integration/ is marked slurm, pyslurm or postgres. This pass is tests/unit/ and the
+# PostgreSQL tests (they start their own server), hence the marker rather than the folder.
 echo "== pytest: unit and simulator tests"
 "${pytest_[@]}" -m "not slurm and not pyslurm" tests/ "$@" || { status=1; failed+=("unit tests"); }
 
@@ -64,7 +67,7 @@ suite() {  # suite RELEASE PORT_BASE: the real-Slurm suite on that release's own
   gandiva_slurm_use "$1"
   export GANDIVA_TEST_PORT_BASE=$2 GANDIVA_SLURM_BACKEND=cli
   echo "== pytest: real-Slurm tests on Slurm $(gandiva_slurm_version "$1") ($(gandiva_slurm_prefix "$1"), ports from $2), CLI backend"
-  exec "${pytest_[@]}" -m slurm tests/ "${@:3}"
+  exec "${pytest_[@]}" -m slurm tests/integration/ "${@:3}"
 }
 
 # The suites' ordinary users, made here once: two suites making them at the same moment could collide on
@@ -91,8 +94,9 @@ start_pyslurm() {  # the pyslurm runs, in the background beside the batch that t
   # count goes through scontrol with either backend) reach Slurm only through the protocol calls the rest
   # of the suite makes: left out here for CI's time, run on every release with the CLI.
   echo "== real-Slurm tests through pyslurm on Slurm $pyslurm_rel running (logs: $logs/pytest-pyslurm*.log)"
-  (pyslurm_run "the real-Slurm suite" $((base + 3000)) -m slurm tests/ --ignore=tests/integration/test_loader.py \
-    --ignore=tests/integration/test_frameworks.py --ignore=tests/integration/test_multinode.py "$@") \
+  (pyslurm_run "the real-Slurm suite" $((base + 3000)) -m slurm tests/integration/ \
+    --ignore=tests/integration/test_loader.py --ignore=tests/integration/test_frameworks.py \
+    --ignore=tests/integration/test_multinode.py "$@") \
     >"$logs/pytest-pyslurm.log" 2>&1 &
   pys_suite_pid=$!
   (pyslurm_run "the pyslurm backend's own tests" "$base" -m pyslurm tests/integration/test_pyslurm_backend.py "$@") \

@@ -11,29 +11,48 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `from helpers import ...`
-
-from helpers import TEST_USER, ensure_user
-
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import SlurmBackend
+from tests.helpers import TEST_USER, ensure_user
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that use the real cluster (the `slurm_cluster` fixture, directly or through `slurm` and
     `slurm_env`) get the `slurm` marker (select with -m slurm / -m 'not slurm'). Unit tests whose fake
-    backend fixture is also called `slurm` do not: their closure has no `slurm_cluster`."""
+    backend fixture is also called `slurm` do not: their closure has no `slurm_cluster`. Then every test
+    must be in the folder its markers say (`_misplaced`), else the run stops before any test runs."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+    misplaced = [f"{item.nodeid}: {why}" for item in items if (why := _misplaced(item))]
+    if misplaced:
+        raise pytest.UsageError("tests in the wrong folder:\n  " + "\n  ".join(misplaced))
+
+
+_TESTS = Path(__file__).resolve().parent
+_INTEGRATION_MARKS = ("slurm", "pyslurm", "postgres")
+
+
+def _misplaced(item: pytest.Item) -> str:
+    """Why `item` is in the wrong folder ("" if it is not): a test that needs a real Slurm or PostgreSQL
+    (marked slurm, pyslurm or postgres) lives in tests/integration/, every other test in tests/unit/."""
+    path = item.path.resolve()
+    if not path.is_relative_to(_TESTS):
+        return ""
+    marks = [m for m in _INTEGRATION_MARKS if item.get_closest_marker(m) is not None]
+    folder = path.relative_to(_TESTS).parts[0]
+    if folder == "integration":
+        return "" if marks else "marked none of slurm, pyslurm, postgres: it belongs in tests/unit/"
+    if folder == "unit":
+        return f"marked {', '.join(marks)}: it belongs in tests/integration/" if marks else ""
+    return "every test lives in tests/unit/ or tests/integration/"
 
 
 @pytest.hookimpl(hookwrapper=True)

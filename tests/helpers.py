@@ -8,7 +8,7 @@ import pwd
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from slurm_gandiva.model import GpuRef, Placement, Topology
 
@@ -69,14 +69,14 @@ def run_as(
 
 
 def wait_for(
-    probe: Callable[[], T | None],
+    probe: Callable[[], T | Literal[False] | None],
     timeout: float = 30.0,
     interval: float = 0.2,
     what: str = "condition",
 ) -> T:
     """Call probe until it returns something truthy; AssertionError naming `what` after `timeout` s."""
     deadline = time.monotonic() + timeout
-    last: T | None = None
+    last: T | Literal[False] | None = None
     while time.monotonic() < deadline:
         last = probe()
         if last:

@@ -9,17 +9,18 @@ One round:
 3. place with affinity (placement.realize), then use leftover GPUs for whoever still waits;
 4. introspect: pack waiting 1-GPU jobs onto a GPU with a running 1-GPU job (shards), migrate badly
    placed jobs to better locality, grow elastic jobs onto idle GPUs (Gandiva only), each a trial.
+Steps 3 and 4 are `gandiva_round.run_round`, given the round's inputs as a `Round`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import ClassVar
 
-from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Locality, Node, Placement, Topology, TrialKind
+from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Placement, TrialKind
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector.afs import afs_counts, tie_rank
 from slurm_gandiva.selector.common import (
@@ -32,30 +33,8 @@ from slurm_gandiva.selector.common import (
     gpu_limit,
     slice_age,
     wait_since,
-    within_group_caps,
 )
-from slurm_gandiva.selector.placement import GpuPool, Targets, held_indices, realize
-
-
-@dataclass(frozen=True)
-class Introspection:
-    """Knobs of introspective mode.
-
-    `trial_window`: seconds a trial runs before it is judged. A packed job must keep `pack_keep` of its
-    rate alone (two jobs at more than half speed beat time-slicing). A grow must speed the job up by
-    `min_gain` per added GPU (and is tried only while one more GPU is expected to give that); a
-    migration must not slow it down. A job is migrated when the expected rate gain from better
-    locality is at least `locality_gain`; at most `max_moves` migrations start per round.
-    """
-
-    pack: bool = True
-    migrate: bool = True
-    grow: bool = True
-    trial_window: float = 120.0
-    pack_keep: float = 0.55
-    min_gain: float = 0.05
-    locality_gain: float = 0.10
-    max_moves: int = 4
+from slurm_gandiva.selector.gandiva_round import Introspection, Round, finishing, run_round, young
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,29 +119,6 @@ def tiers(values: Mapping[str, float], width: float) -> dict[str, int]:
     return out
 
 
-def young(job: Job, now: float, min_slice: float, grid: float | None = None, window: float | None = None) -> bool:
-    """Whether a running job's slice may not end now: less than `min_slice` old, or, with a rotation
-    `grid`, before the first multiple of `grid` (seconds of wall time) at least `min_slice` after the
-    slice began, or (with a `window`) more than `window` seconds after the last rotation. On a grid,
-    slices end at fixed times whatever a job's start-up took, so a second of start-up jitter cannot move
-    a rotation to another tick; with a window, a job kept at a rotation keeps its GPUs until the next
-    one (a slice does not end mid-round when another job's finish or service crosses it by a second)."""
-    if job.state is not JobState.RUNNING or job.slice_start is None:
-        return False
-    if not grid:
-        return slice_age(job, now) < min_slice
-    due = math.ceil((job.slice_start + min_slice) / grid - 1e-9) * grid
-    if now < due - 1e-6:
-        return True
-    return window is not None and now - math.floor(now / grid + 1e-9) * grid >= window
-
-
-def finishing(job: Job, grace: float) -> bool:
-    """A running job expected to finish within `grace` seconds at its rate: stopping it now would cost
-    a checkpoint, a resume and a whole wait to save the others a few seconds."""
-    return grace > 0 and job.state is JobState.RUNNING and job.remaining_time(job.gpus) <= grace
-
-
 def _las_counts(
     jobs: Sequence[Job],
     now: float,
@@ -242,450 +198,6 @@ def _las_counts(
     return order, counts
 
 
-def _run_round(
-    view: ClusterView,
-    now: float,
-    jobs: Sequence[Job],
-    order: Sequence[Job],
-    counts: dict[str, int],
-    knobs: Introspection,
-    speeds: Speeds,
-    back: dict[str, Placement | None],
-    reverts: set[str],
-    min_slice: float,
-    reason: str,
-    memo: Memo,
-    reserve: bool = False,
-    grid: float | None = None,
-    grace: float = 0.0,
-    window: float | None = None,
-    strict_ties: bool = False,
-) -> Plan:
-    for job_id, p in back.items():
-        if p is None:
-            counts[job_id] = 0
-    fixed = {jid: p for jid, p in back.items() if p is not None and counts.get(jid, 0) > 0}
-    for jid, p in fixed.items():
-        counts[jid] = p.count
-    targets, pool = realize(
-        view, order, counts, reason=reason, fixed=fixed, reverts=reverts, memo=memo, strict_ties=strict_ties
-    )
-    counted = GroupRoom.of(view, order, counts)
-
-    def may_run(j: Job) -> bool:  # counted for GPUs already, or its group has a place left
-        return counts.get(j.job_id, 0) > 0 or counted.fits(j)
-
-    res = (
-        _reservation(view, order, targets, now, min_slice, grid, grace, window, strict_ties, may_run)
-        if reserve
-        else None
-    )
-    if res is not None:
-        # The first waiting multi-GPU job could not be placed: keep GPUs of one node for it, stopping
-        # lower-priority jobs there once nothing younger than a min slice is left in its way.
-        _hand_on(order, counts, res, back, counted)
-        pool = GpuPool(view.topology, memo, strict_ties=strict_ties, ties=view.requeue_ties,
-                       even_spans=view.same_gpus_per_node)
-        hold = Placement(res.held)
-        pool.book(hold)
-        targets, pool = realize(
-            view, order, counts, pool=pool, reason=reason, fixed=fixed, reverts=reverts, memo=memo
-        )
-        if res.startable:
-            pool.release(hold)
-            head = res.head
-            p = pool.find(head, head.spec.min_gpus)
-            if p is not None and pool.book(p):
-                targets.set(head.job_id, p, f"{reason}: its turn, on GPUs kept free for it")
-    final = {j.job_id: targets.placements.get(j.job_id, j.placement) for j in jobs}
-    waiting: list[Job] = []  # the waiting jobs left without GPUs, then the running ones, each in order
-    stopped: list[Job] = []
-    for j in order:
-        if final[j.job_id] is None:
-            (stopped if j.state is JobState.RUNNING else waiting).append(j)
-    waiting += stopped
-    # A capped group's jobs run only while it has places left (`ClusterView.group_caps`).
-    room = GroupRoom(view.group_caps, (j for j in jobs if final[j.job_id] is not None))
-    # Leftover GPUs (shared GPUs make the count arithmetic conservative) go to whoever still waits.
-    started: set[str] = set()
-    for j in waiting:
-        if not pool.free_count:
-            break
-        if j.job_id in back or pool.free_count < j.spec.min_gpus or not room.fits(j):
-            continue
-        p = j.placement if j.state is JobState.RUNNING else None
-        if p is None or p.count != j.spec.min_gpus or not pool.can_book(p):  # stay put when it can
-            p = pool.find(j, j.spec.min_gpus, held_indices(p) if p is not None else None)
-        if p is not None and pool.book(p):
-            room.take(j)
-            if p == j.placement:
-                pool.settle(p)
-            targets.set(j.job_id, p, reason)
-            final[j.job_id] = p
-            started.add(j.job_id)
-    waiting = [j for j in waiting if j.job_id not in started]
-    _unpack_lonely(jobs, final, targets, pool)
-    if knobs.pack and view.packing and waiting:
-        _pack(order, waiting, final, targets, pool, back, room)
-    if knobs.migrate:
-        _migrate(view, jobs, final, targets, pool, knobs, now, min_slice, grace)
-    if knobs.grow and not waiting and pool.free_count:
-        _grow(jobs, final, targets, pool, knobs, speeds, now, min_slice, grace)
-    return within_group_caps(targets.plan(view), view, order)
-
-
-@dataclass(frozen=True)
-class _Reservation:
-    head: Job  # the waiting job the GPUs are kept for
-    held: tuple[GpuRef, ...]  # GPUs nobody else may take this round
-    yields: tuple[str, ...]  # lower-priority running jobs stopped for it
-    startable: bool  # `held` is enough for it now
-
-
-def _reservation(
-    view: ClusterView,
-    order: Sequence[Job],
-    targets: Targets,
-    now: float,
-    min_slice: float,
-    grid: float | None,
-    grace: float = 0.0,
-    window: float | None = None,
-    strict_ties: bool = False,
-    may_run: Callable[[Job], bool] | None = None,
-) -> _Reservation | None:
-    """GPUs to keep for the highest-priority waiting job that got none, when it needs several.
-
-    Without this, a waiting 4-GPU job is never placed while 1-GPU jobs keep starting on each GPU that
-    frees up (their young slices are pinned): it waits until the cluster drains. The node chosen is one
-    where the jobs ahead of it in priority leave room for it: preferably one where it can start now
-    (stopping the lowest-priority jobs there), else the one with fewest GPUs pinned by young slices,
-    whose free GPUs then stay idle (at most one min slice) instead of starting new slices. GPUs this
-    round gives to jobs ahead of it stay theirs. With `strict_ties`, not on a node where a running job
-    that stays holds a GPU with one of the head's Slurm indices (`Job.requeue_indices`): Slurm would
-    hold it. A job that `may_run` says may not run this round (its group is at its cap) is not the head.
-    """
-    head = next(
-        (
-            j
-            for j in order
-            if j.state is not JobState.RUNNING
-            and targets.placements.get(j.job_id) is None
-            and (may_run is None or may_run(j))
-        ),
-        None,
-    )
-    if head is None or head.spec.min_gpus < 2:
-        return None
-    k = head.spec.min_gpus
-    tied = head.requeue_indices if view.requeue_ties else frozenset()
-    rank = {j.job_id: i for i, j in enumerate(order)}
-    mine = rank[head.job_id]
-    holders: dict[str, list[tuple[Job, Placement]]] = {}  # node -> (job, the GPUs it holds or gets)
-    for j in order:
-        p = j.placement if j.state is JobState.RUNNING else None
-        if rank[j.job_id] < mine and j.job_id in targets.placements:
-            p = targets.placements[j.job_id]  # where this round puts a job ahead of the head
-        if p is not None:
-            for name in p.nodes:
-                holders.setdefault(name, []).append((j, p))
-    def option(node: Node, need: int) -> tuple[tuple[int, int, int, str], list[GpuRef], list[str], bool] | None:
-        """(score, GPUs kept, jobs that yield, startable) for keeping `need` GPUs of `node`; None: no room."""
-        on_node = holders.get(node.name, [])
-        permanent = pinned = 0
-        movable: list[tuple[Job, Placement]] = []
-        for j, p in on_node:
-            n = len(p.on_node(node.name))
-            if rank[j.job_id] < mine:
-                permanent += n
-            elif young(j, now, min_slice, grid, window) or finishing(j, grace):
-                pinned += n
-            else:
-                movable.append((j, p))
-        if len(node.gpus) - permanent < need:
-            return None
-        startable = len(node.gpus) - permanent - pinned >= need
-        yields: list[str] = []
-        free = _free_on(node, on_node, yields)
-        if startable:
-            movable.sort(key=lambda m: -rank[m[0].job_id])  # the lowest priority stops first
-            for j, _ in movable:
-                if len(free) >= need:
-                    break
-                yields.append(j.job_id)
-                free = _free_on(node, on_node, yields)
-            if len(free) < need:  # shared GPUs: a sharer still holds one
-                return None
-        if strict_ties and tied:
-            staying = {g for j, p in on_node if j.job_id not in yields and p == j.placement for g in p.gpus}
-            if any(g.index in tied for g in staying if g.node == node.name):
-                return None
-        return (0 if startable else 1, pinned, len(yields), node.name), list(free), yields, startable
-
-    up = [node for node in view.topology.nodes if node.up and node.gpus]
-    if up and k > max(len(node.gpus) for node in up):
-        return _wide_reservation(head, k, [(node, option(node, len(node.gpus))) for node in up])
-    best: tuple[tuple[int, int, int, str], _Reservation] | None = None
-    for node in up:
-        if len(node.gpus) < k:
-            continue
-        got = option(node, k)
-        if got is None:
-            continue
-        score, free, yields, startable = got
-        if best is None or score < best[0]:
-            best = (score, _Reservation(head, tuple(free), tuple(yields), startable))
-    return best[1] if best is not None and best[1].held else None
-
-
-def _wide_reservation(
-    head: Job,
-    k: int,
-    options: Sequence[tuple[Node, tuple[tuple[int, int, int, str], list[GpuRef], list[str], bool] | None]],
-) -> _Reservation | None:
-    """Whole nodes kept for a waiting job wider than any node: the fewest nodes over which its GPUs split
-    evenly (a job across nodes gets the same GPUs on each), the best-scored ones (startable, fewest pinned
-    GPUs, fewest jobs to stop). Whole nodes, so that the same GPUs are free on each when it starts."""
-    ranked = sorted((opt for node, opt in options if opt is not None), key=lambda o: o[0])
-    size = max((len(node.gpus) for node, _ in options), default=0)
-    for m in range(-(-k // size) if size else 1, len(ranked) + 1):
-        if k % m or k // m > size:
-            continue
-        chosen = ranked[:m]
-        held = tuple(g for _, free, _, _ in chosen for g in free)
-        yields = tuple(j for _, _, ys, _ in chosen for j in ys)
-        return _Reservation(head, held, yields, all(st for _, _, _, st in chosen)) if held else None
-    return None
-
-
-def _hand_on(
-    order: Sequence[Job],
-    counts: dict[str, int],
-    res: _Reservation,
-    back: Mapping[str, object],
-    room: GroupRoom | None = None,
-) -> None:
-    """Stop the jobs that yield to the reservation and hand the GPUs they were counted for to the next
-    jobs in priority order that got none. Without this the leftover loop (waiting jobs before running
-    ones) gave them to jobs of a lower service tier while a running job of a higher one was stopped;
-    and whether a job seconds from its end was pinned decided which (sim and live diverged on it)."""
-    freed = 0
-    by_id = {j.job_id: j for j in order} if room else {}
-    for jid in res.yields:
-        if room and counts.get(jid, 0) > 0 and jid in by_id:
-            room.give(by_id[jid])
-        freed += counts.get(jid, 0)
-        counts[jid] = 0
-    if room and counts.get(res.head.job_id, 0) <= 0:
-        room.take(res.head)
-    for j in order:
-        if freed <= 0:
-            break
-        jid = j.job_id
-        if jid == res.head.job_id or jid in res.yields or jid in back or counts.get(jid, 0):
-            continue
-        if j.spec.min_gpus <= freed and (not room or room.claim(j)):
-            counts[jid] = j.spec.min_gpus
-            freed -= j.spec.min_gpus
-
-
-def _free_on(node: Node, holders: Sequence[tuple[Job, Placement]], stopping: Sequence[str]) -> list[GpuRef]:
-    """`node`'s GPUs that no job in `holders` holds once the jobs in `stopping` have stopped."""
-    busy = {g for j, p in holders if j.job_id not in stopping for g in p.gpus}
-    return [g.ref for g in node.gpus if g.ref not in busy]
-
-
-def _unchanged(j: Job, targets: Targets) -> bool:
-    return j.state is JobState.RUNNING and j.placement is not None and j.job_id not in targets.placements
-
-
-def _unpack_lonely(jobs: Sequence[Job], final: dict[str, Placement | None], targets: Targets, pool: GpuPool) -> None:
-    """A job left alone on a shared GPU takes the whole GPU back."""
-    holders: dict[GpuRef, list[str]] = {}
-    for jid, p in final.items():
-        if p is not None and p.shared:
-            for g in p.gpus:
-                holders.setdefault(g, []).append(jid)
-    for j in jobs:
-        p = final[j.job_id]
-        if p is None or not p.shared or any(len(holders[g]) > 1 for g in p.gpus):
-            continue
-        whole = Placement(p.gpus)
-        pool.release(p)
-        if pool.book(whole):
-            targets.set(j.job_id, whole, "unpack: alone on its GPU")
-            final[j.job_id] = whole
-        else:
-            pool.book(p)
-
-
-def _pack(
-    order: Sequence[Job],
-    waiting: list[Job],
-    final: dict[str, Placement | None],
-    targets: Targets,
-    pool: GpuPool,
-    back: dict[str, Placement | None],
-    room: GroupRoom | None = None,
-) -> None:
-    """Waiting 1-GPU jobs share a GPU with a running 1-GPU job (or take a free shard), as PACK trials
-    (not one whose group, in `room`, is at its cap)."""
-    slots = pool.shard_slots()
-    hosts = [
-        j
-        for j in order
-        if j.state is JobState.RUNNING  # (as _unchanged, first: most of 10,000 jobs wait)
-        and _unchanged(j, targets)
-        and pool.shard_cap(j.placement.gpus[0].node) >= 2  # type: ignore[union-attr]
-        and j.gpus == 1
-        and not j.placement.shared  # type: ignore[union-attr]
-        and j.trial is None
-        and TrialKind.PACK not in j.failed_trials
-        and j.spec.min_gpus == 1
-    ]
-    hosts.reverse()  # the lowest-priority running job first: it would be the next to lose its GPU
-    next_host = 0
-    packed: set[str] = set()
-    for j in waiting:
-        if j.spec.min_gpus != 1 or TrialKind.PACK in j.failed_trials or j.job_id in back:
-            continue
-        if j.state is JobState.RUNNING or (room is not None and not room.fits(j)):
-            continue
-        if slots:
-            g = slots.pop()
-        elif next_host < len(hosts):
-            host = hosts[next_host]
-            next_host += 1
-            assert host.placement is not None
-            g = host.placement.gpus[0]
-            pool.release(host.placement)
-            shared = Placement((g,), shared=True)
-            pool.book(shared)
-            targets.set(host.job_id, shared, f"pack with {j.job_id}")
-            targets.trials[host.job_id] = TrialKind.PACK
-            final[host.job_id] = shared
-        else:
-            break
-        mine = Placement((g,), shared=True)
-        if pool.book(mine):
-            if room is not None:
-                room.take(j)
-            targets.set(j.job_id, mine, "pack: shares a GPU instead of waiting")
-            targets.trials[j.job_id] = TrialKind.PACK
-            final[j.job_id] = mine
-            packed.add(j.job_id)
-    waiting[:] = [j for j in waiting if j.job_id not in packed]
-
-
-def _migrate(
-    view: ClusterView,
-    jobs: Sequence[Job],
-    final: dict[str, Placement | None],
-    targets: Targets,
-    pool: GpuPool,
-    knobs: Introspection,
-    now: float,
-    min_slice: float,
-    grace: float = 0.0,
-) -> None:
-    """Move settled multi-GPU jobs to clearly better locality, as MIGRATE trials (not a job expected to
-    finish within `grace` seconds: the move's restart would cost more than it saves)."""
-    topo = view.topology
-    limits = pool.memo.per_topology(topo, _locality_limits)
-    cands = []
-    for j in jobs:
-        if j.state is not JobState.RUNNING or not _unchanged(j, targets):
-            continue  # (the state first: most of 10,000 jobs wait)
-        if j.gpus < 2 or j.trial is not None or j.placement is None:
-            continue
-        if j.placement.shared or TrialKind.MIGRATE in j.failed_trials or slice_age(j, now) < min_slice:
-            continue
-        if finishing(j, grace):
-            continue
-        loc = topo.locality(j.placement.gpus)
-        best = next((lvl for lvl, most in limits if j.gpus <= most), Locality.CROSS_NODE)
-        if loc > best and pool.factor(j, j.gpus, best) >= (1.0 + knobs.locality_gain) * pool.factor(j, j.gpus, loc):
-            cands.append((-int(loc), j.job_id, j, loc))
-    cands.sort(key=lambda c: (c[0], c[1]))
-    moves = 0
-    for _, _, j, loc in cands:
-        if moves >= knobs.max_moves or not pool.free_count:
-            break
-        cur = j.placement
-        assert cur is not None
-        pool.release(cur)
-        p = pool.find(j, cur.count, held_indices(cur))  # moved, it is requeued: Slurm keeps its indices
-        if p is not None and p != cur:
-            new_loc = topo.locality(p.gpus)
-            gain = pool.factor(j, cur.count, new_loc) / pool.factor(j, cur.count, loc)
-            if gain >= 1.0 + knobs.locality_gain:
-                pool.book(p)
-                targets.set(j.job_id, p, f"migrate: {loc.name.lower()} -> {new_loc.name.lower()}")
-                targets.trials[j.job_id] = TrialKind.MIGRATE
-                final[j.job_id] = p
-                moves += 1
-                continue
-        pool.book(cur)
-
-
-def _locality_limits(topo: Topology) -> list[tuple[Locality, int]]:
-    """The most GPUs one PCIe switch, one socket and one node hold (the best locality k GPUs can have)."""
-    switch: dict[tuple[str, int], int] = {}
-    socket: dict[tuple[str, int], int] = {}
-    node = 0
-    for n in topo.nodes:
-        if not n.up:
-            continue
-        node = max(node, len(n.gpus))
-        for g in n.gpus:
-            switch[(n.name, g.switch)] = switch.get((n.name, g.switch), 0) + 1
-            socket[(n.name, g.socket)] = socket.get((n.name, g.socket), 0) + 1
-    return [
-        (Locality.SWITCH, max(switch.values(), default=0)),
-        (Locality.SOCKET, max(socket.values(), default=0)),
-        (Locality.NODE, node),
-    ]
-
-
-def _grow(
-    jobs: Sequence[Job],
-    final: dict[str, Placement | None],
-    targets: Targets,
-    pool: GpuPool,
-    knobs: Introspection,
-    speeds: Speeds,
-    now: float,
-    min_slice: float,
-    grace: float = 0.0,
-) -> None:
-    """Elastic jobs take idle GPUs while one more GPU still speeds them up, as GROW trials (not a job
-    expected to finish within `grace` seconds)."""
-    for j in jobs:
-        if not pool.free_count:
-            return
-        if not _unchanged(j, targets) or j.trial is not None or TrialKind.GROW in j.failed_trials:
-            continue
-        cur = j.placement
-        assert cur is not None
-        top = gpu_limit(j, pool.topology, pool.memo)
-        if cur.shared or j.gpus >= top or slice_age(j, now) < min_slice or finishing(j, grace):
-            continue
-        k = j.gpus
-        while k < top and k - j.gpus < pool.free_count and speeds.gain(j, k) > 1 + knobs.min_gain:
-            k += 1
-        if k == j.gpus:
-            continue
-        pool.release(cur)
-        p = pool.find(j, k, held_indices(cur))  # resized, it is requeued: Slurm keeps its indices
-        if p is not None:
-            pool.book(p)
-            targets.set(j.job_id, p, f"grow onto idle GPUs: {j.gpus} -> {k}")
-            targets.trials[j.job_id] = TrialKind.GROW
-            final[j.job_id] = p
-        else:
-            pool.book(cur)
-
-
 @dataclass(frozen=True)
 class Gandiva(_TrialParams):
     """Gandiva: affinity placement, time-slicing every `quantum` seconds when jobs outnumber GPUs
@@ -748,7 +260,7 @@ class Gandiva(_TrialParams):
         order, counts = _las_counts(
             jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid, grace, window, view.group_caps
         )
-        return _run_round(
+        this_round = Round(
             view,
             now,
             jobs,
@@ -768,6 +280,7 @@ class Gandiva(_TrialParams):
             # A job Slurm would hold waits here instead: the leftover loop gives its GPUs to others.
             strict_ties=True,
         )
+        return run_round(this_round)
 
 
 @dataclass(frozen=True)
@@ -833,8 +346,8 @@ class Default(_TrialParams):
                 tie_rank(self.seed, j.job_id),
             ),
         )
-        return _run_round(
-            view, now, jobs, order, counts, knobs, speeds, back, reverts, self.min_slice, "afs", self.memo
+        return run_round(
+            Round(view, now, jobs, order, counts, knobs, speeds, back, reverts, self.min_slice, "afs", self.memo)
         )
 
     def _hold(self, j: Job) -> float:

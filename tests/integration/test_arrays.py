@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import run_as
-from test_controller import HASH_RE, Env, check_history, make_env, wait_for
-from test_requeue_cycle import hash_of, reference_hash
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import GpuRef
 from slurm_gandiva.slurm.base import SlurmBackend
 from slurm_gandiva.store import SliceEnd
+from tests.helpers import run_as
+from tests.integration.test_controller import HASH_RE, Env, check_history, make_env, wait_for
+from tests.integration.test_requeue_cycle import hash_of, reference_hash
 
 GANDIVA = str(Path(sys.executable).parent / "gandiva")
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
@@ -171,7 +171,7 @@ def test_array_tasks_are_time_sliced_throttled_and_cancelled_one_by_one(
         resumed = [jid for jid in done
                    if any(s.end_reason is SliceEnd.QUANTUM for s in store.slices(job_ids=[jid]))]
         assert resumed, "no task was suspended and resumed: the test did not time-slice"
-        assert store.get_job(victim) is not None and store.get_job(victim).state.value == "cancelled"  # type: ignore[union-attr]
+        assert store.get_job(victim) is not None and store.get_job(victim).state.value == "cancelled"
     sacct = subprocess.run([GANDIVA, "sacct", "--db", env.db.removeprefix("sqlite:///"), "-j", array, "-P", "-n",
                             "-o", "JobID"], capture_output=True, text=True, timeout=60)
     assert sacct.returncode == 0, sacct.stderr

@@ -24,12 +24,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, TypeVar
 
 import pytest
-from helpers import run_as
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import GpuRef, Locality, Placement, Topology
@@ -37,6 +37,7 @@ from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from slurm_gandiva.store import Outcome, SliceEnd, Store
 from slurm_gandiva.topology.file import read_topology, write_topology
+from tests.helpers import run_as
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -166,7 +167,7 @@ def reference_hash(tmp_path: Path, steps: int) -> str:
     argv = [WRAPPER, "--state-dir", str(d), "--nprocs", "1", "--", sys.executable, TRAIN,
             "--epochs", "1000", "--steps", str(steps), "--sleep-per-step", "0"]
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
-    m = HASH_RE.findall(p.stdout + p.stderr)
+    m: list[str] = HASH_RE.findall(p.stdout + p.stderr)
     assert m, p.stdout + p.stderr
     _REFERENCE[(steps,)] = m[-1]
     return m[-1]
@@ -216,7 +217,11 @@ class GpuWatch:
                 self.samples += 1
 
 
-def wait_for(cond, timeout: float, what: str, poll: float = 1.0):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+EnvFactory = Callable[..., Env]  # env_factory's make(gpus, policy=..., quantum=..., params=...)
+
+
+def wait_for(cond: Callable[[], T | Literal[False] | None], timeout: float, what: str, poll: float = 1.0) -> T:
     deadline = time.time() + timeout
     while time.time() < deadline:
         v = cond()
@@ -256,7 +261,7 @@ def check_history(store: Store, jobs: list[str]) -> None:
 
 
 @pytest.fixture
-def env_factory(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+def env_factory(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) -> Iterator[EnvFactory]:
     made: list[Env] = []
     for j in slurm.jobs():  # leftovers of an earlier, interrupted run would join this test's workload
         if j.comment == "gandiva" and not j.finished:
@@ -292,7 +297,9 @@ def env_factory(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) 
 # -- acceptance ---------------------------------------------------------------------------------------------
 
 
-def test_oversubscribed_time_slicing(env_factory, test_user: str, tmp_path: Path, slurm: SlurmBackend) -> None:  # type: ignore[no-untyped-def]
+def test_oversubscribed_time_slicing(
+    env_factory: EnvFactory, test_user: str, tmp_path: Path, slurm: SlurmBackend
+) -> None:
     """2x oversubscribed: 4 one-GPU jobs on 2 GPUs; the two that wait get their first slice within one
     contested slice of the first two (Gandiva's defaults: at most 2.25 quanta of their service); all
     finish with the same parameters as an uninterrupted run; no GPU is ever double-booked; squeue shows
@@ -362,7 +369,9 @@ CRASH_POINTS = (
 )
 
 
-def test_kill_9_at_each_protocol_step(env_factory, test_user: str, tmp_path: Path, slurm: SlurmBackend) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_at_each_protocol_step(
+    env_factory: EnvFactory, test_user: str, tmp_path: Path, slurm: SlurmBackend
+) -> None:
     """The controller dies (os._exit(137), like kill -9) at each step of suspend and of resume; after each
     restart nothing is lost, stuck or double-booked, and the slice history ends complete."""
     steps = 90
@@ -407,7 +416,7 @@ def test_kill_9_at_each_protocol_step(env_factory, test_user: str, tmp_path: Pat
         store.close()
 
 
-def test_users_cannot_touch_other_users_jobs(env_factory, test_user: str, slurm: SlurmBackend) -> None:  # type: ignore[no-untyped-def]
+def test_users_cannot_touch_other_users_jobs(env_factory: EnvFactory, test_user: str, slurm: SlurmBackend) -> None:
     """`gandiva cancel` refuses another user's job (root may); the controller's admin hold stays."""
     env = env_factory({"n1": (0,)})
     p = subprocess.run(["sbatch", "--parsable", "--comment=gandiva", "--requeue", "--open-mode=append", "-p", "gpu",
@@ -431,7 +440,7 @@ def test_users_cannot_touch_other_users_jobs(env_factory, test_user: str, slurm:
     assert r.returncode == 0, r.stderr  # root may
 
 
-def test_refuses_to_start_without_admin_privileges(env_factory, test_user: str) -> None:  # type: ignore[no-untyped-def]
+def test_refuses_to_start_without_admin_privileges(env_factory: EnvFactory, test_user: str) -> None:
     env = env_factory({"n1": (0,)})
     conf = env.cluster.jobs_dir / f"h7-{uuid.uuid4().hex[:8]}.conf"  # readable by the user, unlike tmp_path
     conf.write_text(env.conf.read_text())
@@ -444,7 +453,7 @@ def test_refuses_to_start_without_admin_privileges(env_factory, test_user: str) 
     assert "cannot place admin holds" in r.stderr and "\n" not in r.stderr.strip()
 
 
-def test_bad_config_line_is_reported(env_factory) -> None:  # type: ignore[no-untyped-def]
+def test_bad_config_line_is_reported(env_factory: EnvFactory) -> None:
     env = env_factory({"n1": (0,)})
     text = env.conf.read_text().replace("quantum = 15", "quantum = -5")
     env.conf.write_text(text)
@@ -454,7 +463,7 @@ def test_bad_config_line_is_reported(env_factory) -> None:  # type: ignore[no-un
     assert f"{env.conf}:{line}: quantum must be a positive number of seconds" in r.stderr
 
 
-def test_sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad(env_factory) -> None:  # type: ignore[no-untyped-def]
+def test_sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad(env_factory: EnvFactory) -> None:
     """The running service (a real process): SIGHUP with a changed file applies it (the quantum); with
     a broken file it logs why, keeps running on the old config, and still stops cleanly on SIGTERM."""
     env = env_factory({"n1": (0,)})
@@ -475,7 +484,7 @@ def test_sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad(env
     assert kinds[1][0] == "config-reload-refused" and "quantum" in kinds[1][1], kinds
 
 
-def test_migrates_badly_placed_job(env_factory, test_user: str, slurm: SlurmBackend) -> None:  # type: ignore[no-untyped-def]
+def test_migrates_badly_placed_job(env_factory: EnvFactory, test_user: str, slurm: SlurmBackend) -> None:
     """n1's four GPUs (switches {0,1} and {2,3}). Two short one-GPU jobs hold GPUs 0 and 2, so the two-GPU
     job lands across switches; when they finish, it is migrated under one switch."""
     env = env_factory({"n1": (0, 1, 2, 3)}, quantum=20, params="pack = no\nmigrate = yes\ngrow = no")
@@ -506,7 +515,7 @@ def test_migrates_badly_placed_job(env_factory, test_user: str, slurm: SlurmBack
     assert env.stop() == 0
 
 
-def test_idle_gpus_grow_an_elastic_job(env_factory, test_user: str) -> None:  # type: ignore[no-untyped-def]
+def test_idle_gpus_grow_an_elastic_job(env_factory: EnvFactory, test_user: str) -> None:
     """Two GPUs: a short rigid job and an elastic 1:2 job (cifar10's scaling curve as its prior) share
     them; when the rigid job finishes, the idle GPU grows the elastic job (a RESIZE)."""
     env = env_factory({"n1": (0, 1)}, quantum=15, params="pack = no\nmigrate = no\ngrow = yes")
@@ -526,8 +535,8 @@ def test_idle_gpus_grow_an_elastic_job(env_factory, test_user: str) -> None:  # 
     assert env.stop() == 0
 
 
-def test_a_node_failure_requeues_the_job_and_it_finishes_on_the_other_node(  # type: ignore[no-untyped-def]
-    env_factory, test_user: str, tmp_path: Path, slurm: SlurmBackend
+def test_a_node_failure_requeues_the_job_and_it_finishes_on_the_other_node(
+    env_factory: EnvFactory, test_user: str, tmp_path: Path, slurm: SlurmBackend
 ) -> None:
     """The node under a training job goes down: Slurm kills and requeues the job; the controller puts
     its admin hold on it, closes the slice as requeued, and starts it on the other node (the policy sees
@@ -573,8 +582,8 @@ def test_a_node_failure_requeues_the_job_and_it_finishes_on_the_other_node(  # t
     assert "requeued" in log or f"job {jid}: migrate -> running" in log
 
 
-def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(  # type: ignore[no-untyped-def]
-    env_factory, test_user: str, tmp_path: Path, slurm: SlurmBackend
+def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(
+    env_factory: EnvFactory, test_user: str, tmp_path: Path, slurm: SlurmBackend
 ) -> None:
     """One GPU, two light one-GPU jobs. Where Slurm keeps gpu and shard apart and switches held jobs between
     them (`SlurmCapabilities.packing`, 23.11.5 on), the running job is moved onto a shard of the GPU and the
@@ -595,7 +604,7 @@ def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(  # type: igno
         if caps.packing:
             assert [s.placement.shared for s in sa] == [False, True, False], sa  # whole, packed, unpacked
             assert sb[0].placement.shared and sb[0].placement.gpus == sa[1].placement.gpus, sb
-            assert sa[1].start < sb[-1].end and sb[0].start < sa[1].end  # packed at the same time
+            assert sa[1].start < sb[-1].end and sb[0].start < sa[1].end  # type: ignore[operator]  # packed at the same time
             assert sa[-1].placement == Placement((GpuRef("n2", 1),)), sa
             packs = [d for d in store.decisions(job_ids=[a, b]) if "pack" in d.reason]
             assert packs and all(d.outcome is Outcome.SUCCEEDED for d in packs), packs
@@ -606,7 +615,7 @@ def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(  # type: igno
             assert any(" -> running in " in ln for ln in lines), lines
         else:
             assert not any(s.placement.shared for s in sa + sb), (sa, sb)
-            assert sb[0].start >= sa[0].end - 1, (sa, sb)  # waited: never beside it
+            assert sb[0].start >= sa[0].end - 1, (sa, sb)  # type: ignore[operator]  # waited: never beside it
         check_history(store, env.jobs)
     assert final_hash(env, a) == refs[steps_a] and final_hash(env, b) == refs[steps_b]
     assert watch.samples > 20 and not watch.conflicts, watch.conflicts

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
 
 from slurm_gandiva.devcluster.cluster import DevCluster, DevClusterError
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.slurm.base import SlurmBackend, SubmitRequest
 from slurm_gandiva.topology.file import read_topology
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -120,7 +120,7 @@ def test_second_cluster_up_down_stops_only_its_own_daemons(slurm_cluster: DevClu
         assert all(other_pids) and not set(other_pids) & set(session_pids)
     finally:
         other.down()
-    assert all(_gone(p) for p in other_pids)
+    assert all(_gone(p) for p in other_pids)  # type: ignore[arg-type]
     assert not any((other.state_dir / "run").glob("*.pid"))
     assert [d.pid for d in slurm_cluster.status().daemons] == session_pids
     st = other.status()

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_requeue_cycle import WRAPPER, hash_of, starts, wait_finished, wait_training, wrapped_job_script
 
 from job_wrapper.progress import read_events
 from slurm_gandiva.model import GpuRef, Placement
@@ -27,6 +26,16 @@ from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, read_progress
 from slurm_gandiva.requeue.operations import Outcome
 from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import SlurmBackend, SubmitRequest
+from tests.integration.test_requeue_cycle import (
+    WRAPPER,
+    hash_of,
+    starts,
+    wait_finished,
+    wait_training,
+    wrapped_job_script,
+)
+
+pytestmark = pytest.mark.slurm  # every test here uses the real cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RUNS = {

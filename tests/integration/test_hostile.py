@@ -23,12 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import TEST_USER, ensure_user, run_as
-from test_controller import GANDIVA, TRAIN, WRAPPER, Env, make_env, wait_for
 
 from job_wrapper import checkpoint as ckpt
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.slurm.base import SlurmBackend
+from tests.helpers import TEST_USER, ensure_user, run_as
+from tests.integration.test_controller import GANDIVA, TRAIN, WRAPPER, Env, make_env, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
@@ -274,7 +274,7 @@ def test_bad_progress_files_and_a_second_controller(
         second = subprocess.run([GANDIVA, "controller", "--config", str(e.conf)], capture_output=True, text=True,
                                 env={**os.environ, **cluster.env}, timeout=60)
         line = _one_line(second.stderr)
-        assert second.returncode == 7 and f"pid {e.proc.pid}" in line, line  # type: ignore[union-attr]
+        assert second.returncode == 7 and f"pid {e.proc.pid}" in line, line
         assert e.proc is not None and e.proc.poll() is None  # the first runs on
 
         proc = gsbatch(cluster, a, "--", "sleep", "120")
@@ -305,7 +305,7 @@ def test_bad_progress_files_and_a_second_controller(
             run_as(a, ["rm", "-rf", str(progress)])
             made = run_as(a, [sys.executable, "-c", code, str(progress)])
             assert made.returncode == 0, made.stderr
-            got = wait_for(lambda s=says: reason_with(s), 30, f"A's REASON to show the {kind}")
+            got = wait_for(lambda s=says: reason_with(s), 30, f"A's REASON to show the {kind}")  # type: ignore[misc]
             assert "progress.json" in got and "refused" in got
             if not jb:  # B submits once A's file is bad: the controller must still schedule it
                 proc = gsbatch(cluster, b, "--", "sleep", "2")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_requeue_cycle import hash_of, progress_step, reference_hash, starts, submit, wait_finished, wait_training
+import pytest
 
 from job_wrapper import checkpoint as ckpt
 from slurm_gandiva.model import GpuRef, Placement
@@ -17,6 +17,17 @@ from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.requeue.operations import Outcome
 from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import SlurmBackend
+from tests.integration.test_requeue_cycle import (
+    hash_of,
+    progress_step,
+    reference_hash,
+    starts,
+    submit,
+    wait_finished,
+    wait_training,
+)
+
+pytestmark = pytest.mark.slurm  # every test here uses the real cluster
 
 SAMPLES, BATCH, EPOCHS = 192, 16, 4  # 12 steps an epoch, 48 in all
 

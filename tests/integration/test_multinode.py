@@ -13,19 +13,20 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
-from test_requeue_cycle import hash_of, reference_hash, submit, wait_finished, wait_training
 
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
-from slurm_gandiva.requeue.operations import Outcome
+from slurm_gandiva.requeue.operations import OpResult, Outcome
 from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
+from tests.helpers import wait_for
+from tests.integration.test_requeue_cycle import hash_of, reference_hash, submit, wait_finished, wait_training
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
 
 def on(nodes: tuple[str, ...], *gpus: int) -> Placement:
@@ -106,7 +107,7 @@ def test_a_job_across_nodes_moves_to_other_gpus_and_resizes_8_4_8_seeing_every_s
     cleanup_jobs.append(job_id)
     files = JobFiles(job_dir / job_id)
     proto = RequeueProtocol(slurm, suspend_timeout=90.0, jobs_root=job_dir)
-    plan = [
+    plan: list[tuple[Callable[..., OpResult], Placement]] = [
         (proto.resume, on(BOTH, 0, 1)),  # 4 GPUs, two on each node
         (proto.migrate, on(BOTH, 2, 3)),  # moved to the other two GPUs of each node
         (proto.resize, on(BOTH, 0, 1, 2, 3)),  # 8
@@ -144,8 +145,8 @@ def test_a_rank_killed_on_the_second_node_fails_the_job_cleanly_with_nothing_lef
     assert proto.resume(job_id, on(BOTH, 0, 1)).outcome is Outcome.RUNNING
     wait_training(slurm, files, job_id, beyond=3, timeout=120.0)
     launched = {e["host"]: e["children"] for e in events(files) if e["event"] == "node_start"}
-    assert sorted(launched) == ["n1", "n2"]
-    ranks = [int(p) for pids in launched.values() for p in pids]  # type: ignore[union-attr]
+    assert sorted(launched) == ["n1", "n2"]  # type: ignore[type-var]
+    ranks = [int(p) for pids in launched.values() for p in pids]  # type: ignore[attr-defined]
     victim = int(launched["n2"][1])  # type: ignore[index]  # rank 3, on the second node
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)

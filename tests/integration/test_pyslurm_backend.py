@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import TEST_USER, ensure_user, wait_for
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import InvalidRequest, SlurmError, SlurmUnreachable, UnknownJob
@@ -32,6 +31,7 @@ from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, Snapshot,
 from slurm_gandiva.slurm.capabilities import installed_release
 from slurm_gandiva.slurm.cli_backend import CliBackend
 from slurm_gandiva.slurm.gres import requested_gres
+from tests.helpers import TEST_USER, ensure_user, wait_for
 
 pytestmark = pytest.mark.pyslurm
 
@@ -167,7 +167,7 @@ def test_same_snapshot_for_running_held_requeued_and_finished_jobs(
     held = submit(cli, jobs_here, "--hold", "--gres=gpu:g0:1")
     done = submit(cli, jobs_here, "--gres=gpu:g0:1", script="#!/bin/bash\nexit 3\n")
     for jid in (whole, shards, untyped):
-        wait_for(lambda jid=jid: running(cli, jid), what=f"job {jid} running")
+        wait_for(lambda jid=jid: running(cli, jid), what=f"job {jid} running")  # type: ignore[misc]
     wait_for(lambda: cli.job(done).finished, what="job finished")
     snap = same_snapshot(cli, ps)
     by_id = {j.job_id: j for j in snap.jobs}

@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import run_as, wait_for
 
 from slurm_gandiva.errors import ProtocolError
 from slurm_gandiva.model import GpuRef, Placement
@@ -25,6 +24,9 @@ from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, read_progress
 from slurm_gandiva.requeue.operations import Outcome, Phase, phase
 from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SubmitRequest
+from tests.helpers import run_as, wait_for
+
+pytestmark = pytest.mark.slurm  # every test here uses the real cluster
 
 BIN = Path(sys.executable).parent
 GANDIVA = str(BIN / "gandiva")

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import run_as, wait_for
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, SlurmUnreachable, UnknownJob
@@ -18,6 +17,7 @@ from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SubmitRequest
 from slurm_gandiva.slurm.cli_backend import _classify
 from slurm_gandiva.slurm.gres import placement_gres, requested_gres
+from tests.helpers import run_as, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -69,7 +69,7 @@ def test_exact_gpus_are_enforced_and_reported(slurm: SlurmBackend, job_dir: Path
 
 def test_shards_pack_two_jobs_on_one_gpu(slurm: SlurmBackend, job_dir: Path, cleanup_jobs: list[str]) -> None:
     ids = [submit(slurm, job_dir, cleanup_jobs, "--gres=shard:g2:1", "-w", "n2") for _ in range(3)]
-    first = [wait_for(lambda j=j: running(slurm, j), what=f"shard job {j}") for j in ids[:2]]
+    first = [wait_for(lambda j=j: running(slurm, j), what=f"shard job {j}") for j in ids[:2]]  # type: ignore[misc]
     assert all(dict(j.shards) == {"n2": (2,)} and j.gpus == {} for j in first)
     third = wait_for(lambda: (j := slurm.job(ids[2])).reason == "Resources" and j, what="third shard job waits")
     assert third.pending
@@ -315,7 +315,7 @@ def test_scontrol_show_job_reads_as_squeue_json_does(
     stopped = submit(slurm, job_dir, cleanup_jobs, "--gres=gpu:g0:1", "-w", "n2", script=sleep)
     slurm.release(f"{aid}_1")
     for jid in (a, f"{aid}_1", wide, stopped):
-        wait_for(lambda jid=jid: running(slurm, jid), what=f"job {jid} running")
+        wait_for(lambda jid=jid: running(slurm, jid), what=f"job {jid} running")  # type: ignore[misc]
     # Requeue-held, then admin-held: slurmctld keeps its description, which scontrol prints as the reason.
     slurm.requeue_hold(stopped)
     wait_for(lambda: (j := slurm.job(stopped)).pending and is_held(j), what="requeue-held")

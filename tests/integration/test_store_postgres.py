@@ -7,7 +7,6 @@ loopback port and is stopped at the end. If it cannot start, the tests fail; the
 from __future__ import annotations
 
 import glob
-import importlib.util
 import itertools
 import os
 import pwd
@@ -21,12 +20,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-_spec = importlib.util.spec_from_file_location(
-    "store_cases", Path(__file__).parents[1] / "unit" / "store" / "store_cases.py"
-)
-assert _spec is not None and _spec.loader is not None
-store_cases = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(store_cases)
+from tests.unit.store import store_cases
 
 pytestmark = pytest.mark.postgres
 
@@ -100,7 +94,7 @@ def postgres_url() -> Iterator[str]:
 _counter = itertools.count()
 
 
-class TestPostgresStore(store_cases.StoreCases):  # type: ignore[misc,name-defined]
+class TestPostgresStore(store_cases.StoreCases):
     @pytest.fixture
     def store_url(self, postgres_url: str) -> Iterator[str]:
         """A fresh database per test, dropped afterwards."""

@@ -8,13 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_as, wait_for
 
 from job_wrapper.progress import read_events
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.requeue.spec import read_spec, spec_from_script, spec_path
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
+from tests.helpers import run_as, wait_for
+
+pytestmark = pytest.mark.slurm  # every test here uses the real cluster
 
 GANDIVA = str(Path(sys.executable).parent / "gandiva")
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
@@ -146,4 +148,4 @@ def test_sbatch_job_starts_on_exact_gpus_then_resizes_to_another_node(
     assert events("start")[1]["gpus"] == [str(job.gpus["n2"][0])]
     wait_for(lambda: (j := slurm.job(job_id)).finished and j, timeout=120, what="the job to finish")
     assert slurm.job(job_id).state == "COMPLETED"
-    assert read_progress(files.progress).state == "done"  # type: ignore[union-attr]
+    assert read_progress(files.progress).state == "done"

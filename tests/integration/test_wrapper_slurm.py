@@ -8,12 +8,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from helpers import wait_for
+import pytest
 
 from job_wrapper import checkpoint as ckpt
 from job_wrapper.progress import read_events
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SubmitRequest
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.slurm  # every test here uses the real cluster
 
 BIN = Path(sys.executable).parent
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from helpers import TWO_BY_FOUR, gp
 
 from slurm_gandiva.model import (
     ClusterView,
@@ -18,6 +17,7 @@ from slurm_gandiva.model import (
     TrialKind,
 )
 from slurm_gandiva.plan import Action, Decision, Plan
+from tests.helpers import TWO_BY_FOUR, gp
 
 
 def job(
@@ -92,7 +92,7 @@ def test_from_targets_derives_actions() -> None:
     assert after.consistency_errors() == []
     assert after.job("s").times_scheduled == 1 and after.job("s").slice_start == 5.0
     assert after.job("r").state is JobState.SUSPENDED and after.job("r").last_run_end == 5.0
-    assert after.job("r").last_gpus == view.job("r").placement.gpus  # type: ignore[union-attr]
+    assert after.job("r").last_gpus == view.job("r").placement.gpus
     trial = after.job("p").trial
     assert trial is not None and trial.kind is TrialKind.PACK and trial.previous == gp("n1", 3)
     assert after.job("m").slice_start is None  # a migration continues the running slice

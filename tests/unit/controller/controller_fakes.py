@@ -10,7 +10,7 @@ from dataclasses import replace
 from slurm_gandiva.errors import ProtocolError, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.operations import Op, Operations, OpResult, Outcome, Step, StepRecord
-from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot
+from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
 GRES = ",".join(f"gpu:g{i}:1" for i in range(4))
@@ -70,6 +70,9 @@ class FakeBackend:
 
     def capabilities(self) -> SlurmCapabilities:
         return self.caps
+
+    def submit(self, req: SubmitRequest) -> str:
+        raise NotImplementedError("the fake takes no new jobs")
 
     def snapshot(self) -> Snapshot:
         with self.lock:

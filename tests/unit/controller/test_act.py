@@ -5,10 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 from slurm_gandiva.controller.act import Actor
 from slurm_gandiva.errors import ProtocolError
@@ -17,10 +17,11 @@ from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.requeue.operations import Op, Step, StepEvent, StepEventKind
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store import Outcome, SliceEnd, Store
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(f"sqlite:///{tmp_path / 'g.db'}")
     yield s
     s.close()
@@ -110,7 +111,7 @@ def test_a_start_on_a_moving_jobs_gpus_begins_when_that_job_has_stopped(store: S
     proto = FakeProtocol(backend, delay=0.1)
     proto.resume_delay = 0.6
     at: dict[tuple[str, str], float] = {}
-    proto.on_call = lambda op, jid: at.setdefault((op, jid), time.monotonic())
+    proto.on_call = lambda op, jid: at.setdefault((op, jid), time.monotonic())  # type: ignore[assignment]
     plan = Plan((Decision(Action.MIGRATE, "1", pl("n1", 1)), Decision(Action.START, "2", pl("n1", 0))))
     t0 = time.monotonic()
     res = actor(backend, store, proto).execute(plan, {"1": pl("n1", 0)}, ties=False)  # ties: the test below

@@ -6,8 +6,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from controller_fakes import FakeBackend, FakeProtocol, sjob
-
 from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.arrays import array_caps, grouped_spec, with_array_groups
 from slurm_gandiva.controller.service import Controller
@@ -16,6 +14,7 @@ from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.selector import make_policy
 from slurm_gandiva.slurm.base import SlurmJob
 from slurm_gandiva.store import Store
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, sjob
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 

@@ -10,7 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend, sjob
 
 from slurm_gandiva.cli import main
 from slurm_gandiva.config import parse_config
@@ -19,6 +18,7 @@ from slurm_gandiva.errors import PermissionDenied, UnknownJob
 from slurm_gandiva.model import GpuRef, JobSpec, Placement
 from slurm_gandiva.slurm.base import SlurmJob
 from slurm_gandiva.store import SliceEnd, Store
+from tests.unit.controller.controller_fakes import FakeBackend, sjob
 
 
 def task(jid: str, state: str = "PENDING", user: str = "alice") -> SlurmJob:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend
 
 from slurm_gandiva.cli import main
 from slurm_gandiva.config import parse_config
@@ -16,6 +15,7 @@ from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import Topology
 from slurm_gandiva.store import Store
 from slurm_gandiva.topology.file import write_topology
+from tests.unit.controller.controller_fakes import FakeBackend
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 

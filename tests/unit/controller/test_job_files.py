@@ -7,8 +7,6 @@ import os
 import time
 from pathlib import Path
 
-from controller_fakes import FakeBackend, FakeProtocol, sjob
-
 from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.cli import format_rows, queue_rows
 from slurm_gandiva.controller.reconcile import Reconciler
@@ -17,6 +15,7 @@ from slurm_gandiva.model import ClusterView, Placement, Topology
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.requeue.contract import Progress
 from slurm_gandiva.store import Store
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, sjob
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 

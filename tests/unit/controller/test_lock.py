@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend
 
 from slurm_gandiva.cli import main
 from slurm_gandiva.errors import ControllerRunning
 from slurm_gandiva.model import Topology
 from slurm_gandiva.store import Store
 from slurm_gandiva.topology.file import write_topology
+from tests.unit.controller.controller_fakes import FakeBackend
 
 HOLD = """
 import sys, time
@@ -64,7 +64,7 @@ def test_gandiva_controller_refuses_while_another_runs(tmp_path: Path, monkeypat
 
 def test_cancel_of_a_job_that_ended_in_failure_exits_non_zero(monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from controller_fakes import sjob
+    from tests.unit.controller.controller_fakes import sjob
 
     backend = FakeBackend([sjob("5", "FAILED"), sjob("6", "COMPLETED"), sjob("7", "PENDING")])
     monkeypatch.setattr("slurm_gandiva.slurm.make_backend", lambda env=None, **_kw: backend)

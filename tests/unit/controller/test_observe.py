@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller_fakes import nodes, pl, sjob
-
 from slurm_gandiva.controller.observe import (
     PROGRESS_CARRY_S,
     JobInputs,
@@ -18,6 +16,7 @@ from slurm_gandiva.controller.observe import (
 from slurm_gandiva.model import GpuRef, JobSpec, JobState, Locality, Topology
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store.api import RateRecord, SliceEnd, SliceRecord
+from tests.unit.controller.controller_fakes import nodes, pl, sjob
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 

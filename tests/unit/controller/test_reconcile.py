@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 from slurm_gandiva.controller.reconcile import Reconciler
 from slurm_gandiva.model import JobSpec, JobState
@@ -15,10 +15,11 @@ from slurm_gandiva.plan import Action
 from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store import Outcome, SliceEnd, Store
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(f"sqlite:///{tmp_path / 'g.db'}")
     yield s
     s.close()
@@ -144,13 +145,13 @@ def test_recover_waits_for_a_job_signalled_before_the_crash(store: Store, tmp_pa
     backend = FakeBackend([sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (0,)})])
     polls: list[str] = []
 
-    def job(jid: str):  # the wrapper requeue-holds itself on the third look
+    def job(jid: str):  # type: ignore[no-untyped-def]  # the wrapper requeue-holds itself on the third look
         polls.append(jid)
         if len(polls) == 3:
             backend.set(sjob("1", hold=HoldKind.USER, restarts=1))
         return backend.jobs_by_id[jid]
 
-    backend.job = job  # type: ignore[method-assign]
+    backend.job = job  # type: ignore[assignment,method-assign]
     proto = FakeProtocol(backend)
     seen_phase: list[str] = []
     proto.on_call = lambda op, jid: seen_phase.append(backend.jobs_by_id[jid].state)
@@ -169,12 +170,12 @@ def test_signal_seen_in_the_wrappers_events_file(store: Store, tmp_path: Path) -
     did = store.record_intent("1", Action.MIGRATE, pl("n2", 0), "", 20.0)
     r = Reconciler(FakeBackend([]), store, partitions=(), jobs_root=tmp_path, clock=time.time)
     d = store.get_decision(did)
-    assert not r._signalled(d)
+    assert not r._signalled(d)  # type: ignore[arg-type]
     (tmp_path / "1" / "events.jsonl").write_text(json.dumps({"event": "signal", "time": 10.0}) + "\n")
-    assert not r._signalled(d)  # an older signal (an earlier suspend) does not count
+    assert not r._signalled(d)  # type: ignore[arg-type]  # an older signal (an earlier suspend) does not count
     with open(tmp_path / "1" / "events.jsonl", "a") as f:
         f.write(json.dumps({"event": "signal", "time": 25.0}) + "\n")
-    assert r._signalled(d)
+    assert r._signalled(d)  # type: ignore[arg-type]
 
 
 def test_an_arrays_waiting_tasks_are_admin_held_with_one_call(store: Store, tmp_path: Path) -> None:

@@ -9,14 +9,15 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
-from controller_fakes import FakeBackend, FakeProtocol, sjob
 
 from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.model import ClusterView, GpuRef, JobState, Locality, Placement, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.slurm.base import SlurmJob
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.store import SliceEnd, Store
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, sjob
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 
@@ -54,7 +55,7 @@ class Toy:
 
 
 def make(
-    tmp_path: Path, jobs: list, policy: Toy | None = None, conf: str = ""
+    tmp_path: Path, jobs: list[SlurmJob], policy: Toy | None = None, conf: str = ""
 ) -> tuple[Controller, FakeBackend, Store]:
     backend = FakeBackend(jobs)
     store = Store(f"sqlite:///{tmp_path / 'g.db'}")
@@ -71,7 +72,7 @@ def make(
     return ctl, backend, store
 
 
-def old(jid: str, gpus: str = "gres:gpu:1") -> object:
+def old(jid: str, gpus: str = "gres:gpu:1") -> SlurmJob:
     return sjob(jid, submit=time.time() - 600, tres=gpus)  # past the spec grace: plain sbatch jobs
 
 
@@ -118,7 +119,7 @@ def test_round_log_is_rotated_by_size(tmp_path: Path) -> None:
     assert all(0 < p.stat().st_size <= 2000 for p in (log, rotated))
     ats = [json.loads(line)["at"] for line in lines]
     assert ats == sorted(ats) and 2 < len(ats) < 12  # the latest rounds, in order; the oldest dropped
-    assert ats[-1] == ctl.last_report.view.now  # type: ignore[union-attr]
+    assert ats[-1] == ctl.last_report.view.now
 
 
 def test_a_steady_round_reads_the_store_once_per_kind_of_record(tmp_path: Path) -> None:
@@ -250,9 +251,9 @@ def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
     view = ClusterView(TOPO, jobs, 0.0)
     plan = Plan((Decision(Action.SUSPEND, "1"), Decision(Action.SUSPEND, "2"),
                  Decision(Action.START, "3", g0), Decision(Action.START, "4", g1)))
-    out = spare_finishing(plan, view, {"1": P(960, 960), "2": P(100, 960)})
+    out = spare_finishing(plan, view, {"1": P(960, 960), "2": P(100, 960)})  # type: ignore[dict-item]
     assert [(d.action, d.job_id) for d in out.decisions] == [(Action.SUSPEND, "2"), (Action.START, "4")]
-    assert spare_finishing(plan, view, {"1": P(5, None, state="done")}).for_job("3") is None
+    assert spare_finishing(plan, view, {"1": P(5, None, state="done")}).for_job("3") is None  # type: ignore[dict-item]
     assert spare_finishing(plan, view, {}) is plan
 
 

@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 from slurm_gandiva.config import load_config, parse_config
 from slurm_gandiva.controller.act import Actor
@@ -19,10 +18,11 @@ from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.requeue.contract import REFUSED_SIGNALS, suspend_signal
 from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
-from slurm_gandiva.slurm.base import HoldKind
+from slurm_gandiva.slurm.base import HoldKind, SlurmJob
 from slurm_gandiva.store import Store
 from slurm_gandiva.submit.request import parse_request
 from slurm_gandiva.topology.file import write_topology
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, pl, sjob
 
 TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 
@@ -30,7 +30,7 @@ TOPO = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)
 class WrapperBackend(FakeBackend):
     """A running job's wrapper answers the signal it catches: checkpoint, status.json, requeue-hold."""
 
-    def __init__(self, jobs: list, jobs_root: Path) -> None:
+    def __init__(self, jobs: list[SlurmJob], jobs_root: Path) -> None:
         super().__init__(jobs)
         self.jobs_root = jobs_root
         self.signals: dict[str, str] = {}
@@ -56,7 +56,7 @@ class SuspendAll:
 def test_each_job_is_suspended_with_its_own_signal(tmp_path: Path) -> None:
     cfg = parse_config(f"state_dir = {tmp_path}\ntick = 0.2\nquantum = 1\nsignal = URG\nsuspend_timeout = 5\n")
     running = {"gpus": {"n1": (0,)}, "hold": HoldKind.NONE}
-    jobs = [sjob("1", "RUNNING", **running), sjob("2", "RUNNING", **{**running, "gpus": {"n1": (1,)}})]
+    jobs = [sjob("1", "RUNNING", **running), sjob("2", "RUNNING", **{**running, "gpus": {"n1": (1,)}})]  # type: ignore[arg-type]
     cfg.job_root.mkdir()
     write_spec(cfg.job_root, SubmitSpec(job_id="1", user="alice", min_gpus=1, max_gpus=1, signal="ALRM"))
     backend = WrapperBackend(jobs, cfg.job_root)
@@ -66,7 +66,7 @@ def test_each_job_is_suspended_with_its_own_signal(tmp_path: Path) -> None:
     assert rep.error == "" and all(r.ok for r in rep.results) and len(rep.results) == 2
     # job 1 asked for ALRM at submission; job 2 has no spec (plain sbatch): the configured signal
     assert backend.signals == {"1": "ALRM", "2": "URG"}
-    assert store.get_job("1").signal == "ALRM" and store.get_job("2").signal == ""  # type: ignore[union-attr]
+    assert store.get_job("1").signal == "ALRM" and store.get_job("2").signal == ""
 
 
 def test_a_spec_edited_to_a_refused_signal_falls_back_to_the_configured_one(tmp_path: Path) -> None:
@@ -79,13 +79,12 @@ def test_a_spec_edited_to_a_refused_signal_falls_back_to_the_configured_one(tmp_
     ctl = Controller(cfg, backend, store, policy=SuspendAll(), topology=TOPO, progress_reader=lambda _p, _u: None)
     found = ctl.reconcile()
     assert any(f.kind == "signal-refused" and "KILL cannot suspend a job" in f.detail for f in found)
-    assert store.get_job("1").signal == ""  # type: ignore[union-attr]
+    assert store.get_job("1").signal == ""
 
 
 def test_each_operation_is_given_its_jobs_signal(tmp_path: Path) -> None:
     cfg = parse_config(f"state_dir = {tmp_path}\ntick = 0.2\nquantum = 1\nsignal = URG\n")
-    running = {"gpus": {"n1": (0,)}, "hold": HoldKind.NONE}
-    jobs = [sjob(j, "RUNNING", **{**running, "gpus": {"n1": (i,)}}) for i, j in enumerate(("1", "2", "3"))]
+    jobs = [sjob(j, "RUNNING", gpus={"n1": (i,)}, hold=HoldKind.NONE) for i, j in enumerate(("1", "2", "3"))]
     cfg.job_root.mkdir()
     for jid in ("1", "3"):
         write_spec(cfg.job_root, SubmitSpec(job_id=jid, user="alice", min_gpus=1, max_gpus=1, signal="ALRM"))

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-from controller_fakes import FakeBackend, nodes, sjob
 
 from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.cli import queue_rows
@@ -16,6 +15,7 @@ from slurm_gandiva.controller.reconcile import Reconciler, spec_refusal
 from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
 from slurm_gandiva.slurm.base import HoldKind, SlurmNode
 from slurm_gandiva.store import Store
+from tests.unit.controller.controller_fakes import FakeBackend, nodes, sjob
 
 
 @pytest.mark.parametrize(

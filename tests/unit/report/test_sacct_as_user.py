@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import run_as
 
 from slurm_gandiva.model import GpuRef, JobSpec, Placement
 from slurm_gandiva.store import SliceEnd, Store
+from tests.helpers import run_as
 
 GANDIVA = str(Path(sys.executable).with_name("gandiva"))
 

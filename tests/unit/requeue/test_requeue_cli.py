@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from requeue_fakes import FakeClock, FakeJob, FakeSlurm
 
 import slurm_gandiva.slurm
 from slurm_gandiva.cli import main
 from slurm_gandiva.slurm.base import HoldKind
+from tests.unit.requeue.requeue_fakes import FakeClock, FakeJob, FakeSlurm
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import pytest
-from requeue_fakes import FakeClock, FakeJob, FakeSlurm
 
 from slurm_gandiva.errors import BadRequest, PermissionDenied, ProtocolError
 from slurm_gandiva.model import GpuRef, Placement
@@ -24,6 +23,7 @@ from slurm_gandiva.requeue.operations import (
 )
 from slurm_gandiva.requeue.protocol import RELEASE_LEAD_S, RequeueProtocol
 from slurm_gandiva.slurm.base import HoldKind
+from tests.unit.requeue.requeue_fakes import FakeClock, FakeJob, FakeSlurm
 
 
 def place(node: str, *gpus: int, shared: bool = False) -> Placement:

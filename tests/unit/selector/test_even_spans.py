@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from helpers import TWO_BY_FOUR, gp
-
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Placement, Topology
 from slurm_gandiva.selector import make_policy
 from slurm_gandiva.selector.placement import GpuPool, even_shrink, is_even, realize
+from tests.helpers import TWO_BY_FOUR, gp
 
 FOUR_BY_FOUR = Topology.uniform(4, 4, gpus_per_switch=2, sockets=2)
 

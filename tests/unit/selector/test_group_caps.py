@@ -11,12 +11,12 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_selector_properties import POLICIES, views
 
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Placement, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.selector import POLICY_NAMES, make_policy
 from slurm_gandiva.selector.common import GroupRoom, within_group_caps
+from tests.unit.selector.test_selector_properties import POLICIES, views
 
 TOPO = Topology.uniform(2, 4)  # 8 GPUs
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from helpers import TWO_BY_FOUR, gp
 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import (
@@ -25,8 +24,10 @@ from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.selector import POLICY_NAMES, make_policy
 from slurm_gandiva.selector.afs import afs_counts
 from slurm_gandiva.selector.common import Speeds
-from slurm_gandiva.selector.gandiva import finishing, tiers, young
+from slurm_gandiva.selector.gandiva import tiers
+from slurm_gandiva.selector.gandiva_round import finishing, young
 from slurm_gandiva.selector.placement import LOCALITY_PRIOR, GpuPool, locality_factor, realize
+from tests.helpers import TWO_BY_FOUR, gp
 
 
 def job(

@@ -7,7 +7,6 @@ linear prior): a job with `work` W on k GPUs runs W / k seconds.
 from __future__ import annotations
 
 import pytest
-from helpers import gp
 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import ClusterView, Job, JobSpec, JobState, Placement, Topology
@@ -15,6 +14,7 @@ from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector import check_params, make_policy
 from slurm_gandiva.selector.baselines import PAST_LIMIT_S
 from slurm_gandiva.selector.common import Speeds
+from tests.helpers import gp
 
 NODE4 = Topology.uniform(1, 4)
 NOW = 10.0

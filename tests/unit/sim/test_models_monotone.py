@@ -16,7 +16,6 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sim_toy_policies import ToyFifo
 
 from slurm_gandiva.model import ClusterView, GpuRef, Placement, Topology
 from slurm_gandiva.plan import Plan
@@ -24,6 +23,7 @@ from slurm_gandiva.profiles import MODEL_NAMES, ModelProfile, load_profiles
 from slurm_gandiva.sim.engine import Overheads, SimConfig, Simulator
 from slurm_gandiva.sim.models import SpeedModel
 from slurm_gandiva.sim.trace import Trace, TraceJob
+from tests.unit.sim.sim_toy_policies import ToyFifo
 
 PROFILES = load_profiles()
 NODES = 16

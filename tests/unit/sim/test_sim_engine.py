@@ -6,14 +6,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sim_toy_policies import ToyDoubleBook, ToyFifo, ToyGrowShrink, ToyPackAll, ToyRoundRobin
 
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import ClusterView, GpuRef, Placement
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.profiles import load_profile
-from slurm_gandiva.sim.engine import Overheads, PlanRejected, SimConfig, Simulator
+from slurm_gandiva.sim.engine import Overheads, PlanRejected, SimConfig, SimResult, Simulator, _Rec
 from slurm_gandiva.sim.trace import Trace, TraceJob, load_philly
+from tests.unit.sim.sim_toy_policies import ToyDoubleBook, ToyFifo, ToyGrowShrink, ToyPackAll, ToyRoundRobin
 
 ZERO = Overheads(start=0, suspend=0, resume=0)
 ONE_GPU = SimConfig(nodes=1, gpus_per_node=1, overheads=ZERO)
@@ -24,7 +24,7 @@ def trace(*jobs: tuple[str, float, float, int]) -> Trace:
     return Trace("t", tuple(TraceJob(j, s, d, g, model="cifar10") for j, s, d, g in jobs))
 
 
-def jcts(result) -> dict[str, float | None]:  # type: ignore[no-untyped-def]
+def jcts(result: SimResult) -> dict[str, float | None]:
     return {j.job_id: j.jct for j in result.jobs}
 
 
@@ -265,7 +265,7 @@ def test_with_a_tick_events_are_acted_on_at_the_next_tick_only() -> None:
 
 def test_a_late_arrival_is_seen_late_and_its_jct_counts_from_submission() -> None:
     class Late(Simulator):
-        def make_jobs(self):  # type: ignore[no-untyped-def]
+        def make_jobs(self) -> list[_Rec]:
             recs = super().make_jobs()
             recs[0].arrive = 3.0  # the controller registered it 3 s after its submission
             return recs
@@ -295,7 +295,7 @@ def test_learned_rates_show_policies_only_what_was_measured() -> None:
             return super().decide(view, now)
 
     class Blank(Simulator):
-        def make_jobs(self):  # type: ignore[no-untyped-def]
+        def make_jobs(self) -> list[_Rec]:
             recs = super().make_jobs()
             for r in recs:
                 r.job = replace(r.job, rates=RateTable())

@@ -8,11 +8,11 @@ import math
 from pathlib import Path
 
 import pytest
-from sim_toy_policies import ToyFifo
 
 from slurm_gandiva.sim.engine import JobResult, Overheads, Sample, SimConfig, SimResult, Simulator
 from slurm_gandiva.sim.metrics import Summary, format_summary, percentile, write_results
 from slurm_gandiva.sim.trace import Trace, TraceJob
+from tests.unit.sim.sim_toy_policies import ToyFifo
 
 
 def job(i: int, submit: float, start: float | None, finish: float | None, **kw: int) -> JobResult:

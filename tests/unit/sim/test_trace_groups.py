@@ -227,7 +227,7 @@ def test_engine_rejects_a_plan_over_a_groups_cap() -> None:
         "t", tuple(TraceJob(f"t{i}", 0.0, 100.0, 1, model="cifar10", group="7", group_max=2) for i in range(3))
     )
     with pytest.raises(PlanRejected, match="greedy: plan runs 3 jobs of group 7 at once, over its cap of 2"):
-        Simulator(trace, Greedy(), SimConfig(nodes=1, gpus_per_node=4)).run()  # type: ignore[arg-type]
+        Simulator(trace, Greedy(), SimConfig(nodes=1, gpus_per_node=4)).run()
 
 
 def test_cli_summary_mentions_groups(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -15,7 +15,7 @@ DATA = Path(__file__).parent / "data"
 
 
 def load(name: str) -> dict[str, Any]:
-    return json.loads((DATA / name).read_text())
+    return cast(dict[str, Any], json.loads((DATA / name).read_text()))
 
 
 def by_id(jobs: tuple[SlurmJob, ...]) -> dict[str, SlurmJob]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -27,7 +27,7 @@ RELEASES = ("22.05", "24.11", "25.11", "26.05")
 
 
 def load(release: str) -> dict[str, Any]:
-    return json.loads((DATA / f"squeue_{release}_array.json").read_text())
+    return cast(dict[str, Any], json.loads((DATA / f"squeue_{release}_array.json").read_text()))
 
 
 def arrays(release: str) -> tuple[str, str]:

@@ -110,7 +110,7 @@ def test_by_default_pyslurm_is_tried_only_for_the_slurm_commands_of_its_release(
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "25.11.2")
     tried: list[object] = []
     sentinel = SimpleNamespace(kind="pyslurm")
-    monkeypatch.setattr(slurm_pkg, "_pyslurm_backend", lambda env, timeout: tried.append(env) or sentinel)
+    monkeypatch.setattr(slurm_pkg, "_pyslurm_backend", lambda env, timeout: tried.append(env) or sentinel)  # type: ignore[func-returns-value]
     bin_ = Path(str(tmp_path)) / "bin"
     bin_.mkdir()
     scontrol = bin_ / "scontrol"

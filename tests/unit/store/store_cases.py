@@ -186,7 +186,7 @@ class StoreCases:
         assert set(store.open_slices(ids)) == {"1", "3"}
         assert store.rates_by_job(ids) == {j: store.rates(j) for j in ids if store.rates(j)}
         assert store.slices(job_ids=["4", "3", "nope", "1"]) == store.slices()  # merged in start order
-        assert store.jobs_by_id([]) == store.open_slices([]) == store.rates_by_job([]) == {}
+        assert store.jobs_by_id([]) == store.open_slices([]) == store.rates_by_job([]) == {}  # type: ignore[comparison-overlap]
 
     def test_data_survives_reopen(self, store_url: str) -> None:
         with Store(store_url) as a:

@@ -80,7 +80,7 @@ def test_reads_match_the_store_after_random_writes(tmp_path: Path, seed: int) ->
 
 def test_a_steady_round_reads_nothing_from_the_database(tmp_path: Path) -> None:
     inner = Counting(Store(tmp_path / "s.db"))
-    memo = MemoStore(inner)  # type: ignore[arg-type]
+    memo = MemoStore(inner)
     ids = [str(k) for k in range(50)]
     for k in ids:
         memo.upsert_job(JobSpec(k, "u", 1, 1, 0.0), at=0.0)

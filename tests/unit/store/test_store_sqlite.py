@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -15,14 +14,10 @@ import sqlalchemy as sa
 from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import GpuRef, JobSpec, Placement
 from slurm_gandiva.store import Store, default_url, normalize_url
-
-_spec = importlib.util.spec_from_file_location("store_cases", Path(__file__).with_name("store_cases.py"))
-assert _spec is not None and _spec.loader is not None
-store_cases = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(store_cases)
+from tests.unit.store import store_cases
 
 
-class TestSqliteStore(store_cases.StoreCases):  # type: ignore[misc,name-defined]
+class TestSqliteStore(store_cases.StoreCases):
     @pytest.fixture
     def store_url(self, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'gandiva.db'}"

@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -167,7 +168,7 @@ def test_round_times_count_from_the_rounds_tick(bench: ModuleType) -> None:
 def test_first_divergence_names_the_round_and_what_each_side_saw(bench: ModuleType) -> None:
     t0 = 1000.0
 
-    def rnd(at: float, jobs: list[tuple[str, str, float]], decided: list[tuple[str, str]]) -> dict:
+    def rnd(at: float, jobs: list[tuple[str, str, float]], decided: list[tuple[str, str]]) -> dict[str, Any]:
         return {
             "at": at,
             "jobs": [{"job": j, "state": st, "gpus": "", "service": svc, "slice_start": None, "left_s": None,

@@ -9,12 +9,12 @@ import stat
 from pathlib import Path
 
 import pytest
-from test_submit_cli import FakeBackend, _submit
 
 from slurm_gandiva.errors import BadRequest
 from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.spec import read_spec
 from slurm_gandiva.topology.file import write_topology
+from tests.unit.submit.test_submit_cli import FakeBackend, _submit
 
 
 @pytest.fixture

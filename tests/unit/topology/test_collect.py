@@ -44,14 +44,14 @@ class _Iface(paramiko.ServerInterface):
         self.event = threading.Event()
 
     def check_channel_request(self, kind: str, chanid: int) -> int:
-        return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+        return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED  # type: ignore[attr-defined,no-any-return]
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
 
     def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
         ok = username == "probe" and key.get_base64() == self.srv.client_key.get_base64()
-        return paramiko.AUTH_SUCCESSFUL if ok else paramiko.AUTH_FAILED
+        return paramiko.AUTH_SUCCESSFUL if ok else paramiko.AUTH_FAILED  # type: ignore[attr-defined,no-any-return]
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         cmd = command.decode()
@@ -125,7 +125,7 @@ def _ssh(srv: SshServer, known: Path) -> dict[str, object]:
 
 def test_known_host_is_probed(ssh_server: SshServer, tmp_path: Path) -> None:
     known = ssh_server.known_hosts(tmp_path / "known_hosts")
-    topo = collect([Target("n1", "127.0.0.1"), Target("n2", "127.0.0.1")], **_ssh(ssh_server, known))
+    topo = collect([Target("n1", "127.0.0.1"), Target("n2", "127.0.0.1")], **_ssh(ssh_server, known))  # type: ignore[arg-type]
     assert [n.name for n in topo.nodes] == ["n1", "n2"]
     assert [g.ref.node for g in topo.nodes[1].gpus] == ["n2"] * 4
     assert [(g.socket, g.switch) for g in topo.nodes[0].gpus] == [(0, 0), (0, 0), (1, 1), (1, 1)]

@@ -94,7 +94,7 @@ def hf(stop_rank: int, stop_at: int) -> None:
         def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
             return {"loss": nn.functional.mse_loss(self.net(x), labels)}
 
-    class StopAt(TrainerCallback):  # type: ignore[misc]
+    class StopAt(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if args.process_index == stop_rank and state.global_step == stop_at:
                 gandiva.job.request_suspend()

@@ -47,7 +47,7 @@ class Tiny(nn.Module):
         return {"loss": nn.functional.mse_loss(self.net(x), labels)}
 
 
-class SuspendAt(TrainerCallback):  # type: ignore[misc]
+class SuspendAt(TrainerCallback):
     def __init__(self, gandiva: ghf.GandivaTrainerCallback, at: int) -> None:
         self.gandiva, self.at = gandiva, at
 

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("lightning")
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.fabric.plugins.environments import SLURMEnvironment  # type: ignore[attr-defined]
 from torch import nn
 
 from job_wrapper import lightning as gl

@@ -93,7 +93,7 @@ def test_a_link_or_a_file_is_refused(tmp_path: Path) -> None:
 def test_an_unwritable_directory_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = tmp_path / "42"
     d.mkdir(mode=0o500)
-    monkeypatch.setattr(contract.os, "access", lambda *a, **k: False)  # root could write anyway
+    monkeypatch.setattr(contract.os, "access", lambda *a, **k: False)  # type: ignore[attr-defined]  # root could write anyway
     with pytest.raises(StateDirError, match="not writable"):
         check_state_dir(d)
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from job_wrapper import ResumableSampler, SeededDataset, Session, epoch_order
 from job_wrapper import checkpoint as ckpt
-from job_wrapper.api import shard
+from job_wrapper.order import shard
 from slurm_gandiva.requeue.contract import ExitCode, JobFiles, read_progress
 
 N, BATCH, EPOCHS = 44, 8, 3  # 6 steps per epoch, the last of 4 samples: 18 in all
@@ -187,7 +187,7 @@ def simulate(worlds: list[int], cuts: list[int], workers: int = 2) -> list[tuple
         for s in samplers:
             if state is not None:
                 s.load_state_dict(state)
-        loaders = [DataLoader(TENSORS[1], batch_sampler=s, num_workers=workers) for s in samplers]
+        loaders = [DataLoader(TENSORS[1], batch_sampler=s, num_workers=workers) for s in samplers]  # type: ignore[arg-type,var-annotated]
         steps = 0
         while samplers[0].epoch < EPOCHS and steps < cut:
             epoch, pos = samplers[0].epoch, samplers[0].position

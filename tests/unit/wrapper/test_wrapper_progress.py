@@ -66,7 +66,7 @@ def test_reporter_says_when_this_incarnation_began_training(tmp_path: Path) -> N
                            clock=FakeClock(), wall_clock=lambda: wall[0])
     wall[0] = 58.0
     assert rep.report().started == 50.0 and rep.report().updated == 58.0
-    assert read_progress(tmp_path / "p.json").started == 50.0  # type: ignore[union-attr]
+    assert read_progress(tmp_path / "p.json").started == 50.0
 
 
 def test_reporter_thread_writes_periodically(tmp_path: Path) -> None:

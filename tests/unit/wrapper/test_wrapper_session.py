@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from job_wrapper import Session, epoch_order
-from job_wrapper.api import shard
+from job_wrapper.order import shard
 from job_wrapper.progress import read_events
 from slurm_gandiva.requeue.contract import ExitCode, JobFiles, read_progress
 
@@ -95,7 +95,7 @@ def test_the_signal_only_sets_a_flag_and_the_boundary_suspends(tmp_path: Path) -
 
     st = ckpt.decode(JobFiles(tmp_path).checkpoint.read_bytes())
     assert (st["step"], st["epoch"], st["position"], st["samples"]) == (1, 0, BATCH, BATCH)
-    assert read_progress(JobFiles(tmp_path).progress).state == "suspended"  # type: ignore[union-attr]
+    assert read_progress(JobFiles(tmp_path).progress).state == "suspended"
 
 
 def test_signal_before_the_first_batch_checkpoints_the_initial_state(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_periodic_checkpoints_and_max_steps(tmp_path: Path) -> None:
     assert steps == 11 and job.global_step == 11 and job.epoch == 2 and job.samples_done == 11 * BATCH
     saved = [e["step"] for e in read_events(JobFiles(tmp_path).events) if e["event"] == "checkpoint"]
     assert saved == [4, 8]
-    assert read_progress(JobFiles(tmp_path).progress).total_samples == 11 * BATCH  # type: ignore[union-attr]
+    assert read_progress(JobFiles(tmp_path).progress).total_samples == 11 * BATCH
 
 
 def test_a_script_run_by_hand_trains_with_checkpoints_in_the_working_directory(

@@ -22,7 +22,7 @@ from job_wrapper import checkpoint as ckpt
 from job_wrapper.progress import read_events
 from slurm_gandiva.requeue.contract import ExitCode, JobFiles, read_progress, stale_temps
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WRAPPER = Path(sys.executable).with_name("gandiva-wrapper")
 TRAIN = ROOT / "examples" / "train.py"
 # 256 samples / 16 per batch = 16 steps per epoch, 3 epochs = 48 steps of ~0.04 s each.
@@ -55,7 +55,7 @@ class Run:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for ev in read_events(self.files.events):
-                if ev["event"] == name and float(ev["time"]) >= self.started:  # type: ignore[arg-type]
+                if ev["event"] == name and float(ev["time"]) >= self.started:
                     return ev
             assert self.proc.poll() is None, f"wrapper exited early ({self.proc.returncode}): {self.output()}"
             time.sleep(0.02)
@@ -76,7 +76,7 @@ class Run:
         return self.log.read_text() if self.log.exists() else ""
 
     def events(self) -> list[dict[str, object]]:
-        return [e for e in read_events(self.files.events) if float(e["time"]) >= self.started]  # type: ignore[arg-type]
+        return [e for e in read_events(self.files.events) if float(e["time"]) >= self.started]
 
 
 def start(state: Path, nprocs: int = 1, extra: list[str] | None = None, env: dict[str, str] | None = None) -> Run:
