@@ -32,9 +32,9 @@ from typing import Any
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult, JobSignals, ProtocolLike
 from slurm_gandiva.controller.arrays import (
     GroupSpecs,
+    array_members,
     array_places,
     grouped_spec,
-    throttle_arrays,
     with_array_groups,
 )
 from slurm_gandiva.controller.config import ControllerConfig, load_config
@@ -49,11 +49,12 @@ from slurm_gandiva.controller.observe import (
 )
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
 from slurm_gandiva.errors import ConfigError, GandivaError, JobFileError
-from slurm_gandiva.model import ClusterView, GpuRef, Placement, Topology, Trial, TrialKind
+from slurm_gandiva.model import ClusterView, Placement, Topology, Trial, TrialKind
 from slurm_gandiva.plan import Action, Plan, apply_decision
 from slurm_gandiva.requeue.contract import JobFiles
 from slurm_gandiva.requeue.safe_read import read_job_progress
 from slurm_gandiva.selector.base import Policy
+from slurm_gandiva.selector.round import RoundInputs, run_round
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmJob, Snapshot
 from slurm_gandiva.store.api import JobRecord, StoreApi
 from slurm_gandiva.store.memo import MemoStore
@@ -458,9 +459,7 @@ class Controller:
             errs = view.consistency_errors()
             if errs:
                 log.error("Slurm shows an inconsistent cluster: %s", "; ".join(errs))
-            plan = spare_finishing(self.policy.decide(view, view.now), view, obs.progress)
-            plan = throttle_arrays(plan, view, obs.managed)
-            plan = self._without_backoff(plan, view.now)
+            plan = self._round(obs)
             if self.config.round_log is not None:
                 log_round(self.config.round_log, view, plan, int(self.config.round_log_max_mb * 1e6))
             bad = plan.apply(view).consistency_errors() if plan else []
@@ -504,18 +503,24 @@ class Controller:
                 log.exception("metrics update failed")
         return rep
 
-    def _without_backoff(self, plan: Plan, now: float) -> Plan:
-        """Drop moves (not suspends) of jobs whose last move failed less than a quantum ago: retrying at
-        once would only suspend and resume them again for nothing."""
+    def _round(self, obs: Observation) -> Plan:
+        """The round's plan (`run_round`: the policy, then the rules of every round), what it kept back
+        logged. The rules read the jobs' progress reports, the back-off table and the array tasks as Slurm
+        counts them."""
+        now = obs.view.now
         for jid in [j for j, until in self._backoff.items() if until <= now]:
             del self._backoff[jid]
-        if not self._backoff:
-            return plan
-        keep = tuple(d for d in plan.decisions if d.action is Action.SUSPEND or d.job_id not in self._backoff)
-        if len(keep) == len(plan.decisions):
-            return plan
-        log.info("not retrying failed moves yet for jobs %s", ", ".join(sorted(self._backoff)))
-        return Plan(keep)
+        inputs = RoundInputs(finishing_jobs(obs.progress), self._backoff, array_members(obs.managed))
+        out = run_round(self.policy, obs.view, inputs)
+        if out.spared:
+            log.info("jobs %s are finishing: not stopping them this tick", ", ".join(out.spared))
+        if out.throttled:
+            log.debug(
+                "array throttle: not placing %s this round (%%MAX tasks of their array run)", ", ".join(out.throttled)
+            )
+        if out.held_back:
+            log.info("not retrying failed moves yet for jobs %s", ", ".join(sorted(self._backoff)))
+        return out.plan
 
     def _note_failures(self, results: tuple[ActResult, ...], now: float) -> None:
         for r in results:
@@ -724,25 +729,9 @@ def finishing(prog: ProgressLike) -> bool:
     return bool(prog.total_samples) and prog.samples >= (prog.total_samples or 0)
 
 
-def spare_finishing(plan: Plan, view: ClusterView, progress: Mapping[str, ProgressLike]) -> Plan:
-    """`plan` without stops of finishing jobs, nor the decisions that counted on their GPUs."""
-    spared = {
-        d.job_id for d in plan.decisions
-        if d.action not in (Action.START, Action.RESUME) and d.job_id in progress and finishing(progress[d.job_id])
-    }
-    if not spared:
-        return plan
-    busy: set[GpuRef] = set()
-    for jid in spared:
-        p = view.job(jid).placement
-        if p is not None:
-            busy.update(p.gpus)
-    keep = tuple(
-        d for d in plan.decisions
-        if d.job_id not in spared and not (d.placement is not None and busy.intersection(d.placement.gpus))
-    )
-    log.info("jobs %s are finishing: not stopping them this tick", ", ".join(sorted(spared)))
-    return Plan(keep)
+def finishing_jobs(progress: Mapping[str, ProgressLike]) -> frozenset[str]:
+    """The jobs whose progress report says they are finishing (see `finishing`)."""
+    return frozenset(jid for jid, prog in progress.items() if finishing(prog))
 
 
 def round_record(view: ClusterView, plan: Plan) -> dict[str, Any]:

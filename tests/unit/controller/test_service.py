@@ -228,8 +228,9 @@ def test_metrics_follow_the_loop(tmp_path: Path) -> None:
 def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
     from dataclasses import dataclass
 
-    from slurm_gandiva.controller.service import spare_finishing
+    from slurm_gandiva.controller.service import finishing_jobs
     from slurm_gandiva.model import Job, JobSpec, JobState
+    from slurm_gandiva.selector.round import spare_finishing
 
     @dataclass(frozen=True)
     class P:
@@ -250,10 +251,11 @@ def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
     view = ClusterView(TOPO, jobs, 0.0)
     plan = Plan((Decision(Action.SUSPEND, "1"), Decision(Action.SUSPEND, "2"),
                  Decision(Action.START, "3", g0), Decision(Action.START, "4", g1)))
-    out = spare_finishing(plan, view, {"1": P(960, 960), "2": P(100, 960)})
+    out, spared = spare_finishing(plan, view, finishing_jobs({"1": P(960, 960), "2": P(100, 960)}))
     assert [(d.action, d.job_id) for d in out.decisions] == [(Action.SUSPEND, "2"), (Action.START, "4")]
-    assert spare_finishing(plan, view, {"1": P(5, None, state="done")}).for_job("3") is None
-    assert spare_finishing(plan, view, {}) is plan
+    assert spared == ("1",)
+    assert spare_finishing(plan, view, finishing_jobs({"1": P(5, None, state="done")}))[0].for_job("3") is None
+    assert spare_finishing(plan, view, finishing_jobs({}))[0] is plan
 
 
 def test_a_failed_move_is_not_retried_for_a_quantum(tmp_path: Path) -> None:
