@@ -228,7 +228,7 @@ def test_metrics_follow_the_loop(tmp_path: Path) -> None:
 def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
     from dataclasses import dataclass
 
-    from slurm_gandiva.controller.service import finishing_jobs
+    from slurm_gandiva.controller.observer import finishing_jobs
     from slurm_gandiva.model import Job, JobSpec, JobState
     from slurm_gandiva.selector.round import spare_finishing
 
@@ -375,19 +375,20 @@ def test_a_waiting_jobs_inputs_are_kept_while_they_are_the_same_objects(tmp_path
     try:
         ctl.tick()  # registers both
         ctl.tick()
-        first = ctl._inputs_memo["1"][-1]
+        first = ctl.observer._inputs_memo["1"][-1]
         ctl.tick()
-        assert ctl._inputs_memo["1"][-1] is first
+        assert ctl.observer._inputs_memo["1"][-1] is first
         managed = ctl.reconciler.managed
         snap = backend.snapshot()
         assert managed.of(snap) is managed.of(snap)  # worked out once per snapshot
         backend.set(replace(backend.job("1"), reason="Priority"))  # a new SlurmJob for job 1
         ctl.tick()
-        assert ctl._inputs_memo["1"][-1] is not first and ctl._inputs_memo["1"][-1].slurm.reason == "Priority"
-        second = ctl._inputs_memo["2"][-1]
+        memo = ctl.observer._inputs_memo
+        assert memo["1"][-1] is not first and memo["1"][-1].slurm.reason == "Priority"
+        second = ctl.observer._inputs_memo["2"][-1]
         ctl.store.set_job_state("2", JobState.QUEUED, at=time.time())  # a store write: a new record
         ctl.tick()
-        assert ctl._inputs_memo["2"][-1] is not second
+        assert ctl.observer._inputs_memo["2"][-1] is not second
         fresh = Controller(
             ctl.config, backend, store, policy=Toy(), protocol=FakeProtocol(backend), topology=TOPO,
             progress_reader=lambda _p, _u: None,
@@ -396,7 +397,7 @@ def test_a_waiting_jobs_inputs_are_kept_while_they_are_the_same_objects(tmp_path
         assert ctl.observe(snap).view.jobs == fresh.observe(snap).view.jobs
         backend.set(replace(backend.job("2"), state="CANCELLED"))  # gone from the view: forgotten
         ctl.tick()
-        assert "2" not in ctl._inputs_memo
+        assert "2" not in ctl.observer._inputs_memo
     finally:
         store.close()
 
