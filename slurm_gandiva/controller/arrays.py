@@ -5,25 +5,21 @@ a resume or start past the limit would never start, and its GPUs would sit idle 
 So the controller never places more than MAX tasks of one array at once. The policy sees the throttle as
 a generic group cap (`with_array_groups`: each task's `JobSpec.group` is its array's id, and
 `ClusterView.group_caps` holds each throttled array's MAX), so it plans within it and time-slices an
-array's tasks through its MAX places. `throttle_arrays`, run on each round's plan, is the safety net:
-it drops the starts and resumes over the limit as Slurm counts it (a task Slurm still tears down counts),
-keeping those of the tasks with the least attained service (never-run tasks first).
+array's tasks through its MAX places. The round's group caps (`selector.round.throttle_groups`, on the
+tasks as Slurm counts them: `array_members`) are the safety net: they drop the starts and resumes over the
+limit as Slurm counts it (a task Slurm still tears down counts), keeping those of the tasks with the least
+attained service (never-run tasks first).
 """
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 
 from slurm_gandiva.model import ClusterView, JobSpec
-from slurm_gandiva.plan import Action, Plan
+from slurm_gandiva.selector.round import Member
 from slurm_gandiva.slurm.base import SlurmJob
-
-log = logging.getLogger(__name__)
-
-_TAKES = (Action.START, Action.RESUME)
 
 GroupSpecs = dict[str, tuple[JobSpec, JobSpec]]  # job id -> (the store's spec, that spec with its group)
 
@@ -31,6 +27,16 @@ GroupSpecs = dict[str, tuple[JobSpec, JobSpec]]  # job id -> (the store's spec, 
 def array_caps(jobs: Mapping[str, SlurmJob]) -> dict[str, int]:
     """Array id -> its %MAX, for the throttled arrays among `jobs` (job id -> SlurmJob)."""
     return {j.array_id: j.array_max_tasks for j in jobs.values() if j.array_id and j.array_max_tasks > 0}
+
+
+def array_members(jobs: Mapping[str, SlurmJob]) -> dict[str, Member]:
+    """The tasks of throttled arrays among `jobs`, for the round's group caps: running while Slurm counts
+    them (also while it tears them down)."""
+    return {
+        jid: Member(j.array_id, j.array_max_tasks, j.running)
+        for jid, j in jobs.items()
+        if j.array_id and j.array_max_tasks > 0
+    }
 
 
 def array_places(jobs: Mapping[str, SlurmJob]) -> tuple[dict[str, str], dict[str, int]]:
@@ -64,38 +70,3 @@ def with_array_groups(view: ClusterView, jobs: Mapping[str, SlurmJob]) -> Cluste
     groups come from `grouped_spec`."""
     caps = array_caps(jobs)
     return replace(view, group_caps=caps) if caps or view.group_caps else view
-
-
-def throttle_arrays(plan: Plan, view: ClusterView, jobs: Mapping[str, SlurmJob]) -> Plan:
-    """`plan` without the starts and resumes that would run more than %MAX tasks of an array at once.
-
-    `jobs` are the managed jobs as Slurm lists them (job id -> SlurmJob). A task counts as running while
-    Slurm says so (also while it is being torn down: Slurm may still count it); the plan's suspends of
-    running tasks free their places first, then starts and resumes take the places left, the task with
-    the least attained service (then the longest waiting) first.
-    """
-    limits = {jid: (j.array_id, j.array_max_tasks) for jid, j in jobs.items() if j.array_id and j.array_max_tasks > 0}
-    if not limits or not plan:
-        return plan
-    running: Counter[str] = Counter(array for jid, (array, _) in limits.items() if jobs[jid].running)
-    for d in plan.decisions:
-        if d.action is Action.SUSPEND and d.job_id in limits and jobs[d.job_id].running:
-            running[limits[d.job_id][0]] -= 1
-    order = {j.job_id: i for i, j in enumerate(view.jobs)}  # the view lists jobs by submit time, then id
-
-    def rank(job_id: str) -> tuple[float, int]:
-        served = view.job(job_id).attained_service if job_id in order else 0.0
-        return (served, order.get(job_id, len(order)))
-
-    takes = sorted((d.job_id for d in plan.decisions if d.action in _TAKES and d.job_id in limits), key=rank)
-    dropped: set[str] = set()
-    for jid in takes:
-        array, cap = limits[jid]
-        if running[array] < cap:
-            running[array] += 1
-        else:
-            dropped.add(jid)
-    if not dropped:
-        return plan
-    log.debug("array throttle: not placing %s this round (%%MAX tasks of their array run)", ", ".join(sorted(dropped)))
-    return Plan(tuple(d for d in plan.decisions if d.job_id not in dropped))

@@ -31,38 +31,22 @@ from typing import Any
 
 from slurm_gandiva.config import ControllerConfig, load_config
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult
-from slurm_gandiva.controller.arrays import (
-    GroupSpecs,
-    array_places,
-    grouped_spec,
-    throttle_arrays,
-    with_array_groups,
-)
-from slurm_gandiva.controller.observe import (
-    JobInputs,
-    JobMemo,
-    Observation,
-    ProgressLike,
-    ProgressReader,
-    build_view,
-    foreign_gpus,
-)
+from slurm_gandiva.controller.arrays import array_members, array_places
+from slurm_gandiva.controller.observe import Observation, ProgressReader
+from slurm_gandiva.controller.observer import Observer, finishing_jobs
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
-from slurm_gandiva.errors import ConfigError, GandivaError, JobFileError
-from slurm_gandiva.model import ClusterView, GpuRef, Placement, Topology, Trial, TrialKind
-from slurm_gandiva.plan import Action, Plan, apply_decision
-from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.errors import ConfigError, GandivaError
+from slurm_gandiva.model import ClusterView, Placement, Topology
+from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.requeue.operations import Operations
-from slurm_gandiva.requeue.safe_read import read_job_progress
 from slurm_gandiva.selector.base import Policy
-from slurm_gandiva.slurm.base import SlurmBackend, SlurmJob, Snapshot
-from slurm_gandiva.store.api import JobRecord, StoreApi
+from slurm_gandiva.selector.round import RoundInputs, run_round
+from slurm_gandiva.slurm.base import SlurmBackend, Snapshot
+from slurm_gandiva.store.api import StoreApi
 from slurm_gandiva.store.memo import MemoStore
 
 log = logging.getLogger(__name__)
 
-
-_NO_TRIALS: frozenset[TrialKind] = frozenset()
 # How long a stopping controller waits for the starts its last rounds left running on (each ends within the
 # protocol's start timeout; one cut short is finished by the next controller's recovery).
 STOP_STARTS_S = 30.0
@@ -188,22 +172,11 @@ class Controller:
         self.config_path = config_path
         self.policy = policy if policy is not None else make_configured_policy(config)
         self.topology = topology if topology is not None else load_topology(config)
-        self.read_progress: ProgressReader = progress_reader or _read_progress
-        self.file_problems: dict[str, str] = {}  # job id -> why its files were refused (last tick)
+        self.observer = Observer(backend, self._memo, clock, progress_reader)
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._lock = threading.Lock()
-        self._trials: dict[str, Trial] = {}
-        self._failed_trials: dict[str, frozenset[TrialKind]] = {}
-        self._speedups: dict[tuple[str, int], Mapping[int, float] | None] = {}
         self._collect_s = 0.0  # how long the last collection between rounds took
-        self._job_memo: JobMemo = {}  # waiting jobs' policy Jobs, while their inputs stay the same
-        self._group_specs: GroupSpecs = {}  # array tasks' specs with their array as group
-        # job id -> (its SlurmJob, record, rates, progress, trial, failed trials) and the JobInputs made of
-        # them, for a job without slices (see `observe`)
-        self._inputs_memo: dict[str, tuple[Any, ...]] = {}
-        # job id -> (whether it ran when its progress file was read, the report, why it was refused)
-        self._progress_memo: dict[str, tuple[bool, ProgressLike | None, str | None]] = {}
         self._backoff: dict[str, float] = {}  # job id -> until when its failed moves are not retried
         self._scheduler: Any = None
         self.metrics = _make_metrics()
@@ -249,138 +222,14 @@ class Controller:
 
     # -- observe --------------------------------------------------------------------------------------
     def observe(self, snap: Snapshot, starting: Mapping[str, Placement] | None = None) -> Observation:
-        """The view of the managed, registered, unfinished jobs (one store query per kind of record);
-        `starting`: the jobs being started after their round, and where (`Actor.starting`)."""
-        starting = starting or {}
-        managed = {jid: j for jid, j in self.reconciler.managed.of(snap).items() if not j.finished}
-        found = self.store.jobs_by_id(managed)
-        records = {jid: found[jid] for jid in managed if jid in found}
-        slices_by_job: dict[str, list[Any]] = {jid: [] for jid in records}
-        rates = self.store.rates_by_job(records) if records else {}
-        if records:
-            for s in self.store.slices(job_ids=list(records)):
-                slices_by_job.setdefault(s.job_id, []).append(s)
-        progress: dict[str, ProgressLike] = {}
-        inputs: list[JobInputs] = []
-        problems: dict[str, str] = {}
-        no_slices: list[Any] = []
-        for jid, rec in records.items():
-            sj = managed[jid]
-            prog = self._progress_now(jid, rec, sj, problems)
-            if prog is not None:
-                progress[jid] = prog
-            slices = slices_by_job.get(jid, no_slices)
-            job_rates = rates.get(jid, ())
-            trial = self._trials.get(jid)
-            failed = self._failed_trials.get(jid, _NO_TRIALS)
-            # A job whose every input is the very object of the last round (most waiting jobs: the
-            # backend, the store's memo and the progress memo hand out the same objects while nothing
-            # changes) keeps its JobInputs: the group spec, the speed-up and the record are not made again.
-            seen = self._inputs_memo.get(jid)
-            if (
-                seen is not None and not slices and seen[0] is sj and seen[1] is rec and seen[2] is job_rates
-                and seen[3] is prog and seen[4] is trial and seen[5] is failed and jid not in starting
-            ):
-                inputs.append(seen[6])
-                continue
-            inp = JobInputs(
-                slurm=sj,
-                spec=grouped_spec(rec.spec, sj, self._group_specs),
-                slices=tuple(slices),
-                rates=job_rates,
-                progress=prog,
-                trial=trial,
-                failed_trials=failed,
-                speedup=self.speedup(rec.spec.model, rec.spec.max_gpus) if rec.spec.elastic else None,
-                starting=starting.get(jid),
-            )
-            if slices:
-                self._inputs_memo.pop(jid, None)
-            else:
-                self._inputs_memo[jid] = (sj, rec, job_rates, prog, trial, failed, inp)
-            inputs.append(inp)
-        self._note_file_problems(problems)
-        now = self.clock()
-        caps = self.backend.capabilities()
-        view = build_view(
-            self.topology, snap.nodes, inputs, foreign_gpus(snap.jobs, self.config.partitions), now,
-            requeue_ties=caps.requeue_keeps_gpu_indices, packing=caps.packing, memo=self._job_memo,
-            max_nodes=self.config.max_nodes,
-        )
-        view = with_array_groups(view, managed)  # the %MAX throttles, for the policy
-        for memo in (self._job_memo, self._progress_memo, self._group_specs, self._inputs_memo):
-            for jid in memo.keys() - records.keys():
-                del memo[jid]
-        self._memo.retain(j.job_id for j in snap.jobs)
-        return Observation(view, snap, managed, records, progress, problems)
+        """The view of the managed, registered, unfinished jobs (`Observer.observe`); `starting`: the
+        jobs being started after their round, and where (`Actor.starting`)."""
+        return self.observer.observe(snap, self.reconciler.managed.of(snap), self.config, self.topology, starting)
 
-    def _progress_now(
-        self, job_id: str, rec: JobRecord, sj: SlurmJob, problems: dict[str, str]
-    ) -> ProgressLike | None:
-        """The job's progress report, read while it runs and once after; a waiting job's file is not read
-        again (only its own wrapper writes it, while it runs), so a round with 10,000 waiting jobs reads
-        only the running ones' files."""
-        seen = self._progress_memo.get(job_id)
-        if seen is not None and not seen[0] and not sj.running:
-            _, prog, problem = seen
-        else:
-            found: dict[str, str] = {}
-            files = JobFiles(Path(rec.state_dir) if rec.state_dir else self.config.job_root / job_id)
-            prog = self._progress_of(job_id, files.progress, sj.user, found)
-            problem = found.get(job_id)
-            self._progress_memo[job_id] = (sj.running, prog, problem)
-        if problem is not None:
-            problems[job_id] = problem
-        return prog
-
-    def _progress_of(self, job_id: str, path: Path, user: str, problems: dict[str, str]) -> ProgressLike | None:
-        """The job's progress report; a refused or unreadable file is noted in `problems` and read as none:
-        it affects this job alone (no measured rate), never the round."""
-        try:
-            return self.read_progress(path, user)
-        except JobFileError as exc:
-            problems[job_id] = str(exc)
-        except Exception as exc:  # a reader bug must not stop everyone's round either
-            problems[job_id] = f"{path}: cannot read it ({type(exc).__name__}: {exc})"
-        return None
-
-    def _note_file_problems(self, problems: dict[str, str]) -> None:
-        """Log and record each job's file problem once (when it appears or changes), and when it is fixed."""
-        now = self.clock()
-        for jid, why in problems.items():
-            if self.file_problems.get(jid) != why:
-                log.warning("job %s: %s", jid, why)
-                with contextlib.suppress(Exception):
-                    self.store.record_event("job-file-refused", jid, why, now)
-        for jid in self.file_problems.keys() - problems.keys():
-            log.info("job %s: its files are readable again", jid)
-        self.file_problems = problems
-
-    def _last_placements(self, plan: Plan) -> dict[str, Placement]:
-        """Where the jobs this plan resumes last ran (one store query)."""
-        ids = [d.job_id for d in plan.decisions if d.action is Action.RESUME]
-        last: dict[str, tuple[float, Placement]] = {}
-        for s in self.store.slices(job_ids=ids) if ids else ():
-            if s.end is not None and s.end >= last.get(s.job_id, (-1.0, s.placement))[0]:
-                last[s.job_id] = (s.end, s.placement)
-        return {jid: p for jid, (_, p) in last.items()}
-
-    def speedup(self, model: str, max_gpus: int) -> Mapping[int, float] | None:
-        """T(k)/T(1) for k = 1..max_gpus on one node from the model's scaling table (None when unknown)."""
-        if not model:
-            return None
-        key = (model, max_gpus)
-        if key not in self._speedups:
-            try:
-                from slurm_gandiva.profiles import load_profile
-
-                prof = load_profile(model)
-                one = prof.throughput((1,))
-                self._speedups[key] = {k: prof.throughput((k,)) / one for k in range(1, max_gpus + 1)}
-            except (GandivaError, ImportError, OSError, ValueError, KeyError):
-                log.warning("no scaling table for model %r: its jobs grow only on measured speed-ups", model)
-                self._speedups[key] = None
-        return self._speedups[key]
+    @property
+    def file_problems(self) -> dict[str, str]:
+        """Job id -> why its files were refused in the last round."""
+        return self.observer.file_problems
 
     # -- the loop -------------------------------------------------------------------------------------
     def reconcile(self) -> tuple[Finding, ...]:
@@ -450,9 +299,7 @@ class Controller:
             errs = view.consistency_errors()
             if errs:
                 log.error("Slurm shows an inconsistent cluster: %s", "; ".join(errs))
-            plan = spare_finishing(self.policy.decide(view, view.now), view, obs.progress)
-            plan = throttle_arrays(plan, view, obs.managed)
-            plan = self._without_backoff(plan, view.now)
+            plan = self._round(obs)
             if self.config.round_log is not None:
                 log_round(self.config.round_log, view, plan, int(self.config.round_log_max_mb * 1e6))
             bad = plan.apply(view).consistency_errors() if plan else []
@@ -463,10 +310,10 @@ class Controller:
                 return self._report(TickReport(now, view, plan, (), findings, f"bad plan: {msg}"))
             held = {j.job_id: j.placement for j in view.running if j.placement is not None}
             ties = self.backend.capabilities().requeue_keeps_gpu_indices
-            last = self._last_placements(plan) if ties and plan else {}
+            last = self.observer.last_placements(plan) if ties and plan else {}
             groups, room = array_places(obs.managed) if plan else ({}, {})
             results = self.actor.execute(plan, held, last, ties=ties, groups=groups, room=room) if plan else ()
-            self._note_trials(view, results)
+            self.observer.note_trials(view, results)
             self._note_failures(results, now)
             return self._report(TickReport(now, view, plan, results, findings))
 
@@ -496,42 +343,29 @@ class Controller:
                 log.exception("metrics update failed")
         return rep
 
-    def _without_backoff(self, plan: Plan, now: float) -> Plan:
-        """Drop moves (not suspends) of jobs whose last move failed less than a quantum ago: retrying at
-        once would only suspend and resume them again for nothing."""
+    def _round(self, obs: Observation) -> Plan:
+        """The round's plan (`run_round`: the policy, then the rules of every round), what it kept back
+        logged. The rules read the jobs' progress reports, the back-off table and the array tasks as Slurm
+        counts them."""
+        now = obs.view.now
         for jid in [j for j, until in self._backoff.items() if until <= now]:
             del self._backoff[jid]
-        if not self._backoff:
-            return plan
-        keep = tuple(d for d in plan.decisions if d.action is Action.SUSPEND or d.job_id not in self._backoff)
-        if len(keep) == len(plan.decisions):
-            return plan
-        log.info("not retrying failed moves yet for jobs %s", ", ".join(sorted(self._backoff)))
-        return Plan(keep)
+        inputs = RoundInputs(finishing_jobs(obs.progress), self._backoff, array_members(obs.managed))
+        out = run_round(self.policy, obs.view, inputs)
+        if out.spared:
+            log.info("jobs %s are finishing: not stopping them this tick", ", ".join(out.spared))
+        if out.throttled:
+            log.debug(
+                "array throttle: not placing %s this round (%%MAX tasks of their array run)", ", ".join(out.throttled)
+            )
+        if out.held_back:
+            log.info("not retrying failed moves yet for jobs %s", ", ".join(sorted(self._backoff)))
+        return out.plan
 
     def _note_failures(self, results: tuple[ActResult, ...], now: float) -> None:
         for r in results:
             if not r.ok and r.decision.action is not Action.SUSPEND and r.decision_id is not None:
                 self._backoff[r.decision.job_id] = now + self.config.quantum
-
-    def _note_trials(self, view: ClusterView, results: tuple[ActResult, ...]) -> None:
-        """Keep each job's introspective trial (the policy's bookkeeping) between ticks."""
-        running = {j.job_id for j in view.running}
-        for jid in [j for j in self._trials if j not in running]:
-            del self._trials[jid]
-        active = {j.job_id for j in view.jobs}
-        for jid in [j for j in self._failed_trials if j not in active]:
-            del self._failed_trials[jid]
-        for r in results:
-            if not r.ok:
-                continue
-            job = apply_decision(view.job(r.decision.job_id), r.decision, self.clock())
-            if job.failed_trials:
-                self._failed_trials[job.job_id] = job.failed_trials
-            if job.trial is not None:
-                self._trials[job.job_id] = job.trial
-            else:
-                self._trials.pop(job.job_id, None)
 
     def introspect(self) -> int:
         """Record the running jobs' measured rates (by GPU count and locality); returns how many."""
@@ -699,40 +533,6 @@ class Controller:
                 f"{self.config.source}: cannot serve metrics on port {self.config.metrics_port} ({exc}); "
                 "pick a free metrics_port or 0 to turn it off"
             ) from None
-
-
-def _read_progress(path: Path, user: str) -> ProgressLike | None:
-    """The default progress reader: the job's progress.json read as untrusted input (see safe_read)."""
-    return read_job_progress(path, owner=user)
-
-
-def finishing(prog: ProgressLike) -> bool:
-    """The wrapper reports that training is over (the job is only exiting): stopping it now gains nothing
-    and a signal during its shutdown could turn a finished run into a failed one."""
-    if getattr(prog, "state", "running") == "done":
-        return True
-    return bool(prog.total_samples) and prog.samples >= (prog.total_samples or 0)
-
-
-def spare_finishing(plan: Plan, view: ClusterView, progress: Mapping[str, ProgressLike]) -> Plan:
-    """`plan` without stops of finishing jobs, nor the decisions that counted on their GPUs."""
-    spared = {
-        d.job_id for d in plan.decisions
-        if d.action not in (Action.START, Action.RESUME) and d.job_id in progress and finishing(progress[d.job_id])
-    }
-    if not spared:
-        return plan
-    busy: set[GpuRef] = set()
-    for jid in spared:
-        p = view.job(jid).placement
-        if p is not None:
-            busy.update(p.gpus)
-    keep = tuple(
-        d for d in plan.decisions
-        if d.job_id not in spared and not (d.placement is not None and busy.intersection(d.placement.gpus))
-    )
-    log.info("jobs %s are finishing: not stopping them this tick", ", ".join(sorted(spared)))
-    return Plan(keep)
 
 
 def round_record(view: ClusterView, plan: Plan) -> dict[str, Any]:

@@ -70,6 +70,8 @@ def check_params(name: str, params: Mapping[str, object]) -> dict[str, object]:
 
 def _checked(key: str, value: object, hint: object) -> object:
     kinds = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
+    if value is None and type(None) in kinds:
+        return None  # an optional parameter left unset (`--param quantum=none`; a config file has no null)
     kinds.discard(type(None))
     bad = f"policy parameter {key} = {value!r}"
     if kinds == {bool}:

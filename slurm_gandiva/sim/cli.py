@@ -245,13 +245,17 @@ def parse_params(items: list[str] | None) -> dict[str, object]:
 
 
 def make_named_policy(name: str, *, seed: int = 0, params: dict[str, object] | None = None) -> Any:
-    """H4's policy by name (the very objects the controller uses); ConfigError for an unknown name.
+    """H4's policy by name (the very objects the controller uses); ConfigError for an unknown name or a
+    parameter the controller's config would refuse (`check_params`: its type and range).
 
     The seed is passed on to policies that take one (tie-breaking)."""
-    from slurm_gandiva.selector import make_policy
+    from slurm_gandiva.selector import check_params, make_policy
 
-    params = dict(params or {})
-    policy = make_policy(name, **params)
-    if "seed" not in params and hasattr(policy, "seed"):
-        policy = make_policy(name, seed=seed, **params)
+    params = check_params(name, params or {})
+    try:
+        policy = make_policy(name, **params)
+        if "seed" not in params and hasattr(policy, "seed"):
+            policy = make_policy(name, seed=seed, **params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"policy {name!r} rejects its parameters ({exc}); fix --param") from None
     return policy

@@ -26,8 +26,9 @@ bookkeeping the controller uses, charging modelled overheads:
   when it has stopped.
 
 A trace's groups (`TraceJob.group`: job arrays) become `JobSpec.group`, and their throttles every view's
-`group_caps`: a plan that would run more jobs of a group than its cap is rejected like any other
-impossible plan. `run(on_round=...)` sees the running jobs after each round.
+`group_caps`. Each round is the controller's (`selector.round.run_round`: the policy's plan and the live
+round's rules, group caps among them); a plan still over a cap is rejected like any other impossible one.
+`run(on_round=...)` sees the running jobs after each round.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from slurm_gandiva.plan import Action, Decision, Plan, apply_decision
 from slurm_gandiva.profiles import MODEL_NAMES, ModelProfile, load_profiles
 from slurm_gandiva.selector.base import Policy
 from slurm_gandiva.selector.common import next_rotation
+from slurm_gandiva.selector.round import RoundInputs, run_round
 from slurm_gandiva.sim.models import SpeedModel
 from slurm_gandiva.sim.trace import Trace
 
@@ -56,6 +58,7 @@ _EPS = 1e-9
 # GPUs are keyed (node, index) inside the engine: tuples of str and int hash in C, GpuRef's generated
 # __hash__ runs Python code, and the engine looks GPUs up millions of times on long traces.
 _Key = tuple[str, int]
+_NO_BACKOFF: Mapping[str, float] = MappingProxyType({})  # the simulator's actions never fail: none waits
 
 
 class PlanRejected(RuntimeError):
@@ -495,7 +498,7 @@ class Simulator:
                 group_caps=self.group_caps,
                 same_gpus_per_node=self.config.same_gpus_per_node,
             )
-            plan = self.policy.decide(view, t)
+            plan = self._round(view, running)
             decisions += 1
             last_decision = t
             if wake_hook is not None:
@@ -530,6 +533,16 @@ class Simulator:
             decisions=decisions,
             actions=actions,
         )
+
+    def _round(self, view: ClusterView, running: Mapping[str, _Rec]) -> Plan:
+        """The live round (`run_round`): jobs past their last sample are finishing, nothing fails (no
+        back-off), groups count their running jobs. A plan the rules made impossible is not acted on,
+        as the controller refuses one."""
+        finishing = [jid for jid, r in running.items() if r.done_at is not None]
+        out = run_round(self.policy, view, RoundInputs(finishing=finishing, backoff=_NO_BACKOFF))
+        if out.plan is not out.decided and out.plan and out.plan.apply(view).consistency_errors():
+            return Plan()
+        return out.plan
 
     @staticmethod
     def _advance(recs: Iterable[_Rec], t0: float, t1: float, feedback: int) -> None:

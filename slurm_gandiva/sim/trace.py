@@ -36,6 +36,7 @@ twice as dense). `Trace.compressed` does the same to any trace. Philly rows have
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -251,10 +252,10 @@ def _csv_rows(path: Path, keep: tuple[str, str] | None = None) -> Iterator[tuple
     """(physical line number, row) for each data row; with `keep=(column, value)`, only the rows
     whose column has that value (tested before the row is parsed further: the Philly file is big)."""
     try:
-        fh = path.open(newline="")
+        fh = path.open(newline="", encoding="utf-8")
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}; check the path") from exc
-    with fh:
+    with fh, _as_text(path):
         reader = csv.reader(fh)
         header = next(reader, None)
         if not header:
@@ -280,6 +281,17 @@ def _csv_rows(path: Path, keep: tuple[str, str] | None = None) -> Iterator[tuple
             yield start, dict(zip(header, (c.strip() for c in cells), strict=True))
 
 
+@contextlib.contextmanager
+def _as_text(path: Path) -> Iterator[None]:
+    """TraceError (one line) for a file that is not UTF-8 text (e.g. a binary file named .csv)."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); a trace is a CSV or JSON text file"
+        ) from None
+
+
 def load_trace(path: str | Path) -> Trace:
     """Read a trace in our own CSV or JSON format (see the module docstring)."""
     p = Path(path)
@@ -301,7 +313,8 @@ def load_trace(path: str | Path) -> Trace:
 
 def _load_json(p: Path) -> Trace:
     try:
-        text = p.read_text()
+        with _as_text(p):
+            text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise TraceError(f"cannot read trace {p}: {exc.strerror}; check the path") from exc
     try:

@@ -1,10 +1,13 @@
-"""The %MAX throttle of job arrays: a pure filter on each round's plan."""
+"""The %MAX throttle of job arrays: the round's group caps (a pure filter on each round's plan)."""
 
 from __future__ import annotations
 
-from slurm_gandiva.controller.arrays import throttle_arrays
+from collections.abc import Mapping
+
+from slurm_gandiva.controller.arrays import array_members
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Placement, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.selector.round import throttle_groups
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob
 
 TOPO = Topology.uniform(2, 4)
@@ -26,6 +29,11 @@ def view_of(jobs: dict[str, tuple[JobState, Placement | None, float]]) -> Cluste
         out.append(Job(spec, state=state, placement=where, attained_service=served,
                        slice_start=0.0 if state is JobState.RUNNING else None))
     return ClusterView(TOPO, tuple(out), 100.0)
+
+
+def throttle_arrays(plan: Plan, view: ClusterView, slurm: Mapping[str, SlurmJob]) -> Plan:
+    """The round's group caps on the array tasks as Slurm counts them (what the controller applies)."""
+    return throttle_groups(plan, view, array_members(slurm))[0]
 
 
 def ids(plan: Plan, action: Action) -> set[str]:

@@ -229,8 +229,9 @@ def test_metrics_follow_the_loop(tmp_path: Path) -> None:
 def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
     from dataclasses import dataclass
 
-    from slurm_gandiva.controller.service import spare_finishing
+    from slurm_gandiva.controller.observer import finishing_jobs
     from slurm_gandiva.model import Job, JobSpec, JobState
+    from slurm_gandiva.selector.round import spare_finishing
 
     @dataclass(frozen=True)
     class P:
@@ -251,10 +252,11 @@ def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
     view = ClusterView(TOPO, jobs, 0.0)
     plan = Plan((Decision(Action.SUSPEND, "1"), Decision(Action.SUSPEND, "2"),
                  Decision(Action.START, "3", g0), Decision(Action.START, "4", g1)))
-    out = spare_finishing(plan, view, {"1": P(960, 960), "2": P(100, 960)})  # type: ignore[dict-item]
+    out, spared = spare_finishing(plan, view, finishing_jobs({"1": P(960, 960), "2": P(100, 960)}))  # type: ignore[dict-item]
     assert [(d.action, d.job_id) for d in out.decisions] == [(Action.SUSPEND, "2"), (Action.START, "4")]
-    assert spare_finishing(plan, view, {"1": P(5, None, state="done")}).for_job("3") is None  # type: ignore[dict-item]
-    assert spare_finishing(plan, view, {}) is plan
+    assert spared == ("1",)
+    assert spare_finishing(plan, view, finishing_jobs({"1": P(5, None, state="done")}))[0].for_job("3") is None  # type: ignore[dict-item]
+    assert spare_finishing(plan, view, finishing_jobs({}))[0] is plan
 
 
 def test_a_failed_move_is_not_retried_for_a_quantum(tmp_path: Path) -> None:
@@ -374,19 +376,20 @@ def test_a_waiting_jobs_inputs_are_kept_while_they_are_the_same_objects(tmp_path
     try:
         ctl.tick()  # registers both
         ctl.tick()
-        first = ctl._inputs_memo["1"][-1]
+        first = ctl.observer._inputs_memo["1"][-1]
         ctl.tick()
-        assert ctl._inputs_memo["1"][-1] is first
+        assert ctl.observer._inputs_memo["1"][-1] is first
         managed = ctl.reconciler.managed
         snap = backend.snapshot()
         assert managed.of(snap) is managed.of(snap)  # worked out once per snapshot
         backend.set(replace(backend.job("1"), reason="Priority"))  # a new SlurmJob for job 1
         ctl.tick()
-        assert ctl._inputs_memo["1"][-1] is not first and ctl._inputs_memo["1"][-1].slurm.reason == "Priority"
-        second = ctl._inputs_memo["2"][-1]
+        memo = ctl.observer._inputs_memo
+        assert memo["1"][-1] is not first and memo["1"][-1].slurm.reason == "Priority"
+        second = ctl.observer._inputs_memo["2"][-1]
         ctl.store.set_job_state("2", JobState.QUEUED, at=time.time())  # a store write: a new record
         ctl.tick()
-        assert ctl._inputs_memo["2"][-1] is not second
+        assert ctl.observer._inputs_memo["2"][-1] is not second
         fresh = Controller(
             ctl.config, backend, store, policy=Toy(), protocol=FakeProtocol(backend), topology=TOPO,
             progress_reader=lambda _p, _u: None,
@@ -395,7 +398,7 @@ def test_a_waiting_jobs_inputs_are_kept_while_they_are_the_same_objects(tmp_path
         assert ctl.observe(snap).view.jobs == fresh.observe(snap).view.jobs
         backend.set(replace(backend.job("2"), state="CANCELLED"))  # gone from the view: forgotten
         ctl.tick()
-        assert "2" not in ctl._inputs_memo
+        assert "2" not in ctl.observer._inputs_memo
     finally:
         store.close()
 

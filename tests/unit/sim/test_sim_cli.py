@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,47 @@ def test_load_compresses_a_file_trace(tmp_path: Path, capsys: pytest.CaptureFixt
         err = capsys.readouterr().err
         spans.append(err.split("over ")[1].split(" h")[0])
     assert spans == ["1.0", "0.5"]  # 3600 s between arrivals, then 1800 s
+
+
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        ("quantum=0", "policy parameter quantum = 0 must be positive"),
+        ("quantum=-5", "policy parameter quantum = -5 must be positive"),
+        ("min_slice=abc", "policy parameter min_slice = 'abc' must be a number"),
+    ],
+)
+def test_policy_parameters_are_checked_as_the_controller_checks_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], param: str, message: str
+) -> None:
+    """A bad --param ends the run at once in one line, as the controller's config check would: quantum=0
+    used to hang the simulator at t=0 (on a 600-job trace here) and min_slice=abc to end in a TypeError."""
+    tr = tmp_path / "t.csv"
+    tr.write_text(HEAD + "\n" + "".join(f"j{i},{i},600,1\n" for i in range(600)))
+    began = time.monotonic()
+    rc = main(["simulate", "--trace", str(tr), "--gpus", "4", "--policy", "gandiva", "--no-progress", "--param", param])
+    err = capsys.readouterr().err
+    assert time.monotonic() - began < 10
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("gandiva: error: "), err
+    assert message in err
+
+
+def test_an_optional_parameter_may_be_left_unset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert make_named_policy("gandiva", params={"quantum": None, "min_slice": 30}).quantum is None
+    rc = main(["simulate", "--trace", _bad(tmp_path, "t.csv", f"{HEAD}\na,0,10,1\n"), "--gpus", "4", "--policy",
+               "gandiva", "--no-progress", "--param", "quantum=none"])
+    assert rc == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["bin.csv", "bin.json"])
+def test_a_trace_that_is_not_utf8_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    tr = tmp_path / name
+    tr.write_bytes(b"submit_time,duration,gpus\n0,10,1\n\xff\xfe\x00\x81binary\x9c\n")
+    rc = main(["simulate", "--trace", str(tr), "--gpus", "4", "--policy", "fifo", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("gandiva: error: "), err
+    assert f"{name}: not UTF-8 text (byte 0xff)" in err

@@ -222,12 +222,25 @@ class Greedy:
         return Plan.from_targets(view, targets)
 
 
-def test_engine_rejects_a_plan_over_a_groups_cap() -> None:
+class Unruled(Simulator):
+    """The policy's plan as it decided it, without the live round's rules."""
+
+    def _round(self, view: ClusterView, running: object) -> Plan:
+        return self.policy.decide(view, view.now)
+
+
+def test_the_round_holds_a_group_to_its_cap_and_the_engine_rejects_a_plan_over_it() -> None:
+    """The controller's group caps (the live round's) keep a policy that ignores them within them; a plan
+    over a cap that reached the engine anyway is rejected."""
     trace = Trace(
         "t", tuple(TraceJob(f"t{i}", 0.0, 100.0, 1, model="cifar10", group="7", group_max=2) for i in range(3))
     )
+    config = SimConfig(nodes=1, gpus_per_node=4)
+    seen: list[int] = []
+    res = Simulator(trace, Greedy(), config).run(on_round=lambda t, r: seen.append(len(r)))
+    assert max(seen) == 2 and all(j.finish is not None for j in res.jobs)
     with pytest.raises(PlanRejected, match="greedy: plan runs 3 jobs of group 7 at once, over its cap of 2"):
-        Simulator(trace, Greedy(), SimConfig(nodes=1, gpus_per_node=4)).run()
+        Unruled(trace, Greedy(), config).run()
 
 
 def test_cli_summary_mentions_groups(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

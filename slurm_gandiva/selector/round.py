@@ -1,0 +1,151 @@
+"""One scheduling round: the policy's plan and every rule the live round applies to it after.
+
+    out = run_round(policy, view, RoundInputs(finishing=..., backoff=..., members=...))
+    out.plan                                     # what to carry out
+
+The controller (`Controller._tick`) and the simulator (`sim/engine.py`) both call `run_round`, so a rule
+added here holds in both. Pure: the time is the view's `now`, the inputs are plain data, and what a rule
+dropped is in the outcome for the caller to log. The rules, in this order:
+
+1. Finishing jobs are spared (`spare_finishing`): no stop of a job whose wrapper reports training over
+   (it is only exiting: stopping it gains nothing and a signal could fail a finished run), nor the
+   decisions that counted on its GPUs.
+2. Group caps (`throttle_groups`): no start or resume that would run more jobs of a capped group (a job
+   array's %MAX) than its cap, as the cluster counts its running members (Slurm also counts a task it
+   still tears down); the plan's suspends free places first, then the members with the least attained
+   service (then the longest waiting) take the places left.
+3. Back-off (`without_backoff`): no move (anything but a suspend) of a job whose last move failed, until
+   its back-off ends; retrying at once would only stop and restart it again for nothing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from slurm_gandiva.model import ClusterView, GpuRef, JobState
+from slurm_gandiva.plan import Action, Plan
+from slurm_gandiva.selector.base import Policy
+
+_TAKES = (Action.START, Action.RESUME)
+
+
+class Member(NamedTuple):
+    """A job of a capped group: its group, the group's cap, and whether it counts as running now."""
+
+    group: str
+    cap: int
+    running: bool
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What the round's rules read besides the view.
+
+    `finishing`: the jobs whose progress report says training is over. `backoff`: job id -> until when
+    its failed moves are not retried (entries at or before the view's `now` are spent). `members`: the
+    jobs of capped groups (job id -> `Member`), as the cluster counts them; None: from the view
+    (`group_members`)."""
+
+    finishing: Collection[str] = frozenset()
+    backoff: Mapping[str, float] = field(default_factory=dict)
+    members: Mapping[str, Member] | None = None
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """The plan to carry out, the policy's own plan, and the jobs each rule kept from it."""
+
+    plan: Plan
+    decided: Plan
+    spared: tuple[str, ...] = ()  # finishing jobs the plan stopped
+    throttled: tuple[str, ...] = ()  # jobs not placed: their group runs its cap
+    held_back: tuple[str, ...] = ()  # jobs whose moves wait for their back-off
+
+
+def run_round(policy: Policy, view: ClusterView, inputs: RoundInputs | None = None) -> RoundOutcome:
+    """`policy.decide(view, view.now)` with the round's rules applied (see the module docstring)."""
+    inputs = inputs or RoundInputs()
+    decided = policy.decide(view, view.now)
+    plan, spared = spare_finishing(decided, view, inputs.finishing)
+    members = inputs.members if inputs.members is not None else group_members(view)
+    plan, throttled = throttle_groups(plan, view, members)
+    plan, held = without_backoff(plan, inputs.backoff, view.now)
+    return RoundOutcome(plan, decided, spared, throttled, held)
+
+
+def spare_finishing(plan: Plan, view: ClusterView, finishing: Collection[str]) -> tuple[Plan, tuple[str, ...]]:
+    """`plan` without stops of finishing jobs, nor the decisions that counted on their GPUs; and the
+    finishing jobs it stopped."""
+    if not finishing:
+        return plan, ()
+    spared = {d.job_id for d in plan.decisions if d.action not in _TAKES and d.job_id in finishing}
+    if not spared:
+        return plan, ()
+    busy: set[GpuRef] = set()
+    for jid in spared:
+        p = view.job(jid).placement
+        if p is not None:
+            busy.update(p.gpus)
+    keep = tuple(
+        d for d in plan.decisions
+        if d.job_id not in spared and not (d.placement is not None and busy.intersection(d.placement.gpus))
+    )
+    return Plan(keep), tuple(sorted(spared))
+
+
+def group_members(view: ClusterView) -> dict[str, Member]:
+    """The view's jobs of capped groups (`ClusterView.group_caps`), running while the view says so."""
+    caps = view.group_caps
+    if not caps:
+        return {}
+    return {
+        j.job_id: Member(g, caps[g], j.state is JobState.RUNNING)
+        for j in view.jobs
+        if (g := j.spec.group) is not None and g in caps
+    }
+
+
+def throttle_groups(plan: Plan, view: ClusterView, members: Mapping[str, Member]) -> tuple[Plan, tuple[str, ...]]:
+    """`plan` without the starts and resumes that would run more members of a group than its cap; and
+    the jobs dropped."""
+    if not members or not plan:
+        return plan, ()
+    running: Counter[str] = Counter(m.group for m in members.values() if m.running)
+    for d in plan.decisions:
+        m = members.get(d.job_id)
+        if d.action is Action.SUSPEND and m is not None and m.running:
+            running[m.group] -= 1
+    order = {j.job_id: i for i, j in enumerate(view.jobs)}  # the view lists jobs by submit time, then id
+
+    def rank(job_id: str) -> tuple[float, int]:
+        served = view.job(job_id).attained_service if job_id in order else 0.0
+        return (served, order.get(job_id, len(order)))
+
+    takes = sorted((d.job_id for d in plan.decisions if d.action in _TAKES and d.job_id in members), key=rank)
+    dropped: set[str] = set()
+    for jid in takes:
+        group, cap, _ = members[jid]
+        if running[group] < cap:
+            running[group] += 1
+        else:
+            dropped.add(jid)
+    if not dropped:
+        return plan, ()
+    return Plan(tuple(d for d in plan.decisions if d.job_id not in dropped)), tuple(sorted(dropped))
+
+
+def without_backoff(plan: Plan, backoff: Mapping[str, float], now: float) -> tuple[Plan, tuple[str, ...]]:
+    """`plan` without the moves (not suspends) of jobs whose back-off lasts past `now`; and those jobs."""
+    if not backoff:
+        return plan, ()
+    waiting = {jid for jid, until in backoff.items() if until > now}
+    if not waiting:
+        return plan, ()
+    keep = tuple(d for d in plan.decisions if d.action is Action.SUSPEND or d.job_id not in waiting)
+    if len(keep) == len(plan.decisions):
+        return plan, ()
+    held = sorted({d.job_id for d in plan.decisions if d.action is not Action.SUSPEND and d.job_id in waiting})
+    return Plan(keep), tuple(held)

@@ -1,0 +1,87 @@
+"""One round (selector/round.py): the policy's plan and the live round's rules, in the controller and the
+simulator alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Placement, Topology
+from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.selector.round import Member, RoundInputs, run_round
+from slurm_gandiva.sim.engine import Overheads, SimConfig, Simulator
+from slurm_gandiva.sim.trace import Trace, TraceJob
+
+TOPO = Topology.uniform(1, 4)
+
+
+def gpu(k: int) -> Placement:
+    return Placement((GpuRef("n1", k),))
+
+
+@dataclass
+class Fixed:
+    """Returns the plan it is given."""
+
+    plan: Plan
+    name: str = "fixed"
+    quantum: float | None = None
+    seen: list[float] = field(default_factory=list)
+
+    def decide(self, view: ClusterView, now: float) -> Plan:
+        self.seen.append(now)
+        return self.plan
+
+
+def test_the_rules_apply_in_order_and_say_what_they_kept_back() -> None:
+    jobs = (
+        Job(JobSpec("done", "u", 1, 1, 0.0), JobState.RUNNING, gpu(0)),
+        Job(JobSpec("a0", "u", 1, 1, 1.0, group="a"), JobState.RUNNING, gpu(1)),
+        Job(JobSpec("a1", "u", 1, 1, 2.0, group="a")),
+        Job(JobSpec("late", "u", 1, 1, 3.0)),
+        Job(JobSpec("failed", "u", 1, 1, 4.0), JobState.RUNNING, gpu(3)),
+    )
+    view = ClusterView(TOPO, jobs, 50.0, group_caps={"a": 1})
+    decided = Plan((
+        Decision(Action.SUSPEND, "done"),
+        Decision(Action.START, "late", gpu(0)),  # counted on done's GPU
+        Decision(Action.START, "a1", gpu(2)),  # a0 still runs: over a's cap of 1
+        Decision(Action.MIGRATE, "failed", gpu(2)),  # backed off until 60
+    ))
+    policy = Fixed(decided)
+    out = run_round(policy, view, RoundInputs(finishing={"done"}, backoff={"failed": 60.0, "old": 10.0}))
+    assert policy.seen == [50.0] and out.decided is decided
+    assert out.plan == Plan() and (out.spared, out.throttled, out.held_back) == (("done",), ("a1",), ("failed",))
+    # The cluster's own count of a group (Slurm still counts a0 while it stops) wins over the view's.
+    members = {"a0": Member("a", 1, False), "a1": Member("a", 1, False)}
+    out = run_round(policy, view, RoundInputs(finishing={"done"}, backoff={"failed": 50.0}, members=members))
+    assert {d.job_id for d in out.plan.decisions} == {"a1", "failed"} and out.spared == ("done",)
+    assert run_round(policy, view, RoundInputs(members={})).plan is decided
+
+
+class Bully:
+    """Starts a waiting job on a free GPU, else stops a running job for it, on its GPUs."""
+
+    name = "bully"
+    quantum: float | None = None
+    elastic = False
+
+    def decide(self, view: ClusterView, now: float) -> Plan:
+        free = list(view.free_gpus())
+        if free and view.waiting:
+            return Plan((Decision(Action.START, view.waiting[0].job_id, Placement((free[0],))),))
+        out: list[Decision] = []
+        for run, wait in zip(view.running, view.waiting, strict=False):
+            out += [Decision(Action.SUSPEND, run.job_id), Decision(Action.START, wait.job_id, run.placement)]
+        return Plan(tuple(out))
+
+
+def test_the_simulator_spares_a_finishing_job_as_the_controller_does() -> None:
+    """`a` has done its last sample at 100 s and exits until 130 s; `b` arrives at 110 s. The policy would
+    stop `a` for `b`; the round (as the live one) spares it, and `b` starts once `a` has gone."""
+    trace = Trace("t", (TraceJob("a", 0.0, 100.0, 1, model="cifar10"), TraceJob("b", 110.0, 10.0, 1, model="cifar10")))
+    config = SimConfig(nodes=1, gpus_per_node=1, overheads=Overheads(start=0.0, finish=30.0))
+    res = {j.job_id: j for j in Simulator(trace, Bully(), config).run().jobs}
+    assert res["a"].suspends == 0 and res["a"].finish == pytest.approx(130.0)
+    assert res["b"].first_start == pytest.approx(130.0)
