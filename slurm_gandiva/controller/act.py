@@ -145,6 +145,7 @@ class Actor:
         # Jobs whose start was left to run on after their round (`Outcome.STARTING`): job id -> (the placement
         # they are starting on, the finish). Their decisions stay open in the store until the job runs.
         self._starting: dict[str, tuple[Placement, Future[ActResult]]] = {}
+        self._ended: list[ActResult] = []  # how those starts ended, until `ended_starts` takes them
         self._finishers: ThreadPoolExecutor | None = None
 
     # -- starts that run on after their round ----------------------------------------------------------
@@ -153,6 +154,13 @@ class Actor:
         held or released: they hold those GPUs for the policies, and the reconciler leaves them be)."""
         with self._lock:
             return {jid: p for jid, (p, _f) in self._starting.items()}
+
+    def ended_starts(self) -> tuple[ActResult, ...]:
+        """How the starts left to run on ended since the last call (each result once): a start Slurm refused
+        or that timed out is a failure like one within the round."""
+        with self._lock:
+            ended, self._ended = tuple(self._ended), []
+        return ended
 
     def wait_started(self, job_ids: Iterable[str] | None = None, timeout: float | None = None) -> bool:
         """Wait until the starts of `job_ids` (None: all) left to run on have ended; False on timeout."""
@@ -390,15 +398,20 @@ class Actor:
 
     def _finish_start(self, d: Decision, did: int, rest: Callable[[], OpResult], t0: float) -> ActResult:
         """The rest of a start left to run on (on a finisher thread); never raises."""
+        result: ActResult | None = None
         try:
             try:
                 res = rest()
             except Exception as exc:
-                return self._failed(d, did, exc)
-            return self._conclude(d, did, res, t0)
+                result = self._failed(d, did, exc)
+                return result
+            result = self._conclude(d, did, res, t0)
+            return result
         finally:
             with self._lock:
                 self._starting.pop(d.job_id, None)
+                if result is not None:
+                    self._ended.append(result)
 
     def _call(
         self,

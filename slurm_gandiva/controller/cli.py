@@ -149,6 +149,8 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
                 reason = str(exc)
         if rec is None and not reason and os.geteuid() in owner_uids(sj.user):
             reason = _registration_refusal(cfg, sj, snap.nodes)
+        if not reason and not sj.running:
+            reason = _backoff_reason(store, sj.job_id, slices)
         rate = prog.samples_per_s if (prog is not None and sj.running and prog.samples_per_s > 0) else None
         if rate is None and rates:
             rate = rates[-1].rate
@@ -165,6 +167,20 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
                      len(slices), rate, done, reason)
         )
     return rows
+
+
+def _backoff_reason(store: Any, job_id: str, slices: Any) -> str:
+    """The controller's last back-off of a waiting job (why its start is not tried now), unless the job ran
+    since; "" when there is none."""
+    from slurm_gandiva.controller.service import BACKOFF_EVENT
+
+    events = store.events(job_id=job_id, kinds=[BACKOFF_EVENT])
+    if not events:
+        return ""
+    last = max(events, key=lambda e: e.at)
+    if any(s.start >= last.at for s in slices):
+        return ""
+    return str(last.detail)
 
 
 def _registration_refusal(cfg: Any, sj: Any, nodes: Any) -> str:
@@ -224,6 +240,9 @@ class _NoHistory:
         return ()
 
     def rates(self, _job_id: str) -> tuple[()]:
+        return ()
+
+    def events(self, **_kw: object) -> tuple[()]:
         return ()
 
     def close(self) -> None:

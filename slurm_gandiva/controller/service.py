@@ -40,7 +40,7 @@ from slurm_gandiva.model import ClusterView, Placement, Topology
 from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.requeue.operations import Operations
 from slurm_gandiva.selector.base import Policy
-from slurm_gandiva.selector.round import RoundInputs, run_round
+from slurm_gandiva.selector.round import RoundInputs, backoff_delay, run_round
 from slurm_gandiva.slurm.base import SlurmBackend, Snapshot
 from slurm_gandiva.store.api import StoreApi
 from slurm_gandiva.store.memo import MemoStore
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 # How long a stopping controller waits for the starts its last rounds left running on (each ends within the
 # protocol's start timeout; one cut short is finished by the next controller's recovery).
 STOP_STARTS_S = 30.0
+BACKOFF_EVENT = "backoff"  # a job's failed move, and how long it is not tried again (`gandiva squeue` REASON)
 
 
 def make_configured_policy(cfg: ControllerConfig) -> Policy:
@@ -178,6 +179,7 @@ class Controller:
         self._lock = threading.Lock()
         self._collect_s = 0.0  # how long the last collection between rounds took
         self._backoff: dict[str, float] = {}  # job id -> until when its failed moves are not retried
+        self._failures: dict[str, int] = {}  # job id -> its failed moves in a row (the back-off grows with them)
         self._scheduler: Any = None
         self.metrics = _make_metrics()
         self._metrics_server: Any = None
@@ -289,6 +291,7 @@ class Controller:
         findings: tuple[Finding, ...] = ()
         view: ClusterView | None = None
         try:
+            self._note_failures(self.actor.ended_starts())
             starting = self.actor.starting()
             snap = self.backend.snapshot()
             findings = self.reconciler.settle(snap, starting)
@@ -314,7 +317,7 @@ class Controller:
             groups, room = array_places(obs.managed) if plan else ({}, {})
             results = self.actor.execute(plan, held, last, ties=ties, groups=groups, room=room) if plan else ()
             self.observer.note_trials(view, results)
-            self._note_failures(results, now)
+            self._note_failures(results)
             return self._report(TickReport(now, view, plan, results, findings))
 
         except Exception as exc:
@@ -350,6 +353,9 @@ class Controller:
         now = obs.view.now
         for jid in [j for j, until in self._backoff.items() if until <= now]:
             del self._backoff[jid]
+        known = {j.job_id for j in obs.view.jobs}
+        for jid in [j for j in self._failures if j not in known]:
+            del self._failures[jid]
         inputs = RoundInputs(finishing_jobs(obs.progress), self._backoff, array_members(obs.managed))
         out = run_round(self.policy, obs.view, inputs)
         if out.spared:
@@ -362,10 +368,27 @@ class Controller:
             log.info("not retrying failed moves yet for jobs %s", ", ".join(sorted(self._backoff)))
         return out.plan
 
-    def _note_failures(self, results: tuple[ActResult, ...], now: float) -> None:
+    def _note_failures(self, results: tuple[ActResult, ...]) -> None:
+        """Back off the jobs whose move failed (within the round, or a start that ran on after it and that
+        Slurm refused or did not run in time), longer after each failure in a row (`backoff_delay`); the
+        wait is recorded (`backoff` event: `gandiva squeue`'s REASON). A move that succeeded ends the row."""
+        now = self.clock()
         for r in results:
-            if not r.ok and r.decision.action is not Action.SUSPEND and r.decision_id is not None:
-                self._backoff[r.decision.job_id] = now + self.config.quantum
+            jid = r.decision.job_id
+            if r.decision.action is Action.SUSPEND or r.decision_id is None:
+                continue
+            if r.ok:
+                if not r.starting:
+                    self._failures.pop(jid, None)
+                continue
+            n = self._failures.get(jid, 0) + 1
+            self._failures[jid] = n
+            delay = backoff_delay(n, self.config.quantum)
+            self._backoff[jid] = now + delay
+            detail = (f"{r.decision.action.value} failed ({n} in a row): not tried again for {delay:.0f} s, its "
+                      f"GPUs go to others meanwhile; {r.detail}")
+            log.warning("job %s: %s", jid, detail)
+            self.store.record_event(BACKOFF_EVENT, jid, detail, now)
 
     def introspect(self) -> int:
         """Record the running jobs' measured rates (by GPU count and locality); returns how many."""

@@ -15,14 +15,17 @@ dropped is in the outcome for the caller to log. The rules, in this order:
    still tears down); the plan's suspends free places first, then the members with the least attained
    service (then the longest waiting) take the places left.
 3. Back-off (`without_backoff`): no move (anything but a suspend) of a job whose last move failed, until
-   its back-off ends; retrying at once would only stop and restart it again for nothing.
+   its back-off ends; retrying at once would only stop and restart it again for nothing. A waiting job
+   that holds no GPUs is not even shown to the policy meanwhile (`hide_backed_off`), so its GPUs go to
+   others rather than being kept for a start that is then dropped. The back-off grows with the job's
+   failures in a row (`backoff_delay`: doubling, capped).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from slurm_gandiva.model import ClusterView, GpuRef, JobState
@@ -68,7 +71,7 @@ class RoundOutcome:
 def run_round(policy: Policy, view: ClusterView, inputs: RoundInputs | None = None) -> RoundOutcome:
     """`policy.decide(view, view.now)` with the round's rules applied (see the module docstring)."""
     inputs = inputs or RoundInputs()
-    decided = policy.decide(view, view.now)
+    decided = policy.decide(hide_backed_off(view, inputs.backoff), view.now)
     plan, spared = spare_finishing(decided, view, inputs.finishing)
     members = inputs.members if inputs.members is not None else group_members(view)
     plan, throttled = throttle_groups(plan, view, members)
@@ -149,3 +152,21 @@ def without_backoff(plan: Plan, backoff: Mapping[str, float], now: float) -> tup
         return plan, ()
     held = sorted({d.job_id for d in plan.decisions if d.action is not Action.SUSPEND and d.job_id in waiting})
     return Plan(keep), tuple(held)
+
+
+BACKOFF_DOUBLINGS = 4  # a job's back-off grows to at most 2**4 = 16 quanta
+
+
+def backoff_delay(failures: int, quantum: float) -> float:
+    """How long a job's moves wait after its `failures`-th failed move in a row: one quantum, doubling with
+    each further failure, at most 2**BACKOFF_DOUBLINGS quanta."""
+    return quantum * float(2 ** min(max(failures, 1) - 1, BACKOFF_DOUBLINGS))
+
+
+def hide_backed_off(view: ClusterView, backoff: Mapping[str, float]) -> ClusterView:
+    """`view` without the jobs that hold no GPUs and wait for their back-off past the view's `now`."""
+    waiting = {jid for jid, until in backoff.items() if until > view.now}
+    if not waiting:
+        return view
+    jobs = tuple(j for j in view.jobs if not (j.job_id in waiting and j.placement is None))
+    return view if len(jobs) == len(view.jobs) else replace(view, jobs=jobs)

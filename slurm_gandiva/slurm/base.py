@@ -69,6 +69,7 @@ class SlurmNode:
     gres_used: str
     cpus: int = 0
     sockets: int = 0
+    memory: int = 0  # RealMemory, MB; 0: unknown
 
     @property
     def up(self) -> bool:

@@ -285,6 +285,7 @@ def _node(raw: Mapping[str, Any]) -> SlurmNode:
         gres_used=text(raw.get("gres_used")),
         cpus=number(raw.get("cpus"), 0),
         sockets=number(raw.get("sockets"), 0),
+        memory=number(raw.get("real_memory"), 0),
     )
 
 
@@ -300,6 +301,7 @@ def _grouped_nodes(groups: Iterable[Any]) -> list[SlurmNode]:
         gres = g.get("gres") or {}
         cpus = g.get("cpus") or {}
         sockets = g.get("sockets") or {}
+        memory = g.get("memory") or {}
         for name in names:
             prev = out.get(name)
             parts = tuple(dict.fromkeys((*(prev.partitions if prev else ()), *((part,) if part else ()))))
@@ -311,6 +313,7 @@ def _grouped_nodes(groups: Iterable[Any]) -> list[SlurmNode]:
                 gres_used=text(gres.get("used")),
                 cpus=number(cpus.get("maximum", cpus.get("total")), 0),
                 sockets=number(sockets.get("maximum"), 0),
+                memory=number(memory.get("maximum"), 0),
             )
     return list(out.values())
 

@@ -451,6 +451,7 @@ class PyslurmBackend:
                 gres_used=gres_used(gres, name, jobs),
                 cpus=_num(raw.total_cpus),
                 sockets=_num(raw.sockets),
+                memory=_num(getattr(raw, "real_memory", 0)),
             ))
         return tuple(sorted(out, key=lambda n: n.name))
 

@@ -120,7 +120,8 @@ def _controller_config(env: Mapping[str, str]) -> ControllerConfig | None:
 
 
 def limits_from(topology: Topology | None, nodes: Sequence[SlurmNode]) -> ClusterLimits:
-    """GPUs per node from the topology file (else from Slurm's configured gres) and Slurm's partitions."""
+    """GPUs per node from the topology file (else from Slurm's configured gres); Slurm's partitions, and its
+    CPUs and memory per node."""
     partitions: dict[str, list[str]] = {}
     for n in nodes:
         for p in n.partitions:
@@ -129,7 +130,8 @@ def limits_from(topology: Topology | None, nodes: Sequence[SlurmNode]) -> Cluste
         node_gpus = {n.name: len(n.gpus) for n in topology.nodes}
     else:
         node_gpus = {n.name: gres_gpu_count(n.gres) for n in nodes}
-    return ClusterLimits(node_gpus, {p: tuple(ns) for p, ns in partitions.items()})
+    return ClusterLimits(node_gpus, {p: tuple(ns) for p, ns in partitions.items()},
+                         node_cpus={n.name: n.cpus for n in nodes}, node_memory={n.name: n.memory for n in nodes})
 
 
 def sbatch_options(req: SbatchRequest, name: str) -> list[str]:
@@ -196,7 +198,7 @@ def submit(
 
         topology = read_topology(paths.topology)
     nodes = backend.nodes()  # read-only: for partitions (and GPUs when there is no topology file)
-    validate(req, limits_from(topology, nodes), check_command=check_command)
+    validate(req, limits_from(topology, nodes), check_command=check_command, env=env)
     sig = signal_name(req.signal or paths.signal or "USR2")
     name = req.job_name if req.job_name is not None else default_name(req.command)
     spec = SubmitSpec(

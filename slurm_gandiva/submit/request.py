@@ -43,6 +43,24 @@ _MANAGED_LONG = {
     "--wait": "a managed job is held until the controller starts it: follow it with gandiva squeue",
 }
 _MANAGED_SHORT = {"-G": "--gpus", "-w": "--nodelist", "-F": "--nodefile", "-N": "--nodes", "-W": "--wait"}
+# sbatch options that limit where a job may run, which the controller does not take into its view: Slurm would
+# refuse the start it plans (BadConstraints) and the job's GPUs would idle. Refused, spelled any way.
+_UNPLACEABLE_LONG = {
+    "--exclude": "the controller places a job on any node of its partition: drop it (ask your admin to drain a "
+                 "node no job may use)",
+    "--constraint": "the controller does not know node features: drop it, or submit to a partition whose nodes "
+                    "all have them (-p)",
+    "--exclusive": "the controller shares nodes between jobs: drop it (a job that needs a whole node asks for "
+                   "all of its GPUs with --gpus N)",
+}
+_UNPLACEABLE_SHORT = {"-x": "--exclude", "-C": "--constraint"}
+_REFUSED_LONG = {**_MANAGED_LONG, **_UNPLACEABLE_LONG}
+# sbatch options whose values set the CPUs and memory a job needs on each node (checked against the nodes).
+_RESOURCE_LONG = ("--cpus-per-task", "--ntasks-per-node", "--mincpus", "--cpus-per-gpu", "--mem", "--mem-per-cpu",
+                  "--mem-per-gpu")
+_RESOURCE_SHORT = {"-c": "--cpus-per-task"}
+_RESOURCE_ENV = {"SBATCH_CPUS_PER_GPU": "--cpus-per-gpu", "SBATCH_MEM_PER_NODE": "--mem",
+                 "SBATCH_MEM_PER_CPU": "--mem-per-cpu", "SBATCH_MEM_PER_GPU": "--mem-per-gpu"}
 
 
 class _Arg(enum.Enum):
@@ -87,6 +105,7 @@ _MANAGED_ENV = {
     "SBATCH_GPUS_PER_TASK": "--gpus-per-task", "SBATCH_GPUS_PER_SOCKET": "--gpus-per-socket",
     "SBATCH_TRES_PER_TASK": "--tres-per-task", "SBATCH_SIGNAL": "--signal",
     "SBATCH_WAIT": "--wait", "SBATCH_NODELIST": "--nodelist",
+    "SBATCH_EXCLUDE": "--exclude", "SBATCH_CONSTRAINT": "--constraint", "SBATCH_EXCLUSIVE": "--exclusive",
 }
 
 
@@ -99,11 +118,11 @@ def resolve_long(name: str) -> str:
     matches = sorted(o for o in _SBATCH_LONG if o.startswith(name))
     if len(matches) == 1:
         return matches[0]
-    managed = [m for m in matches if m in _MANAGED_LONG]
+    managed = [m for m in matches if m in _REFUSED_LONG]
     if managed:
         raise BadRequest(
             f"sbatch option {name} is ambiguous ({', '.join(matches)}) and may mean {managed[0]}, which gandiva "
-            "manages: spell the option out"
+            f"{_refusal(managed[0])}: spell the option out"
         )
     return name
 
@@ -113,9 +132,18 @@ def check_environment(env: Mapping[str, str]) -> None:
     for var, option in _MANAGED_ENV.items():
         if env.get(var):
             raise BadRequest(
-                f"environment variable {var} sets sbatch's {option}, which gandiva manages: unset it "
-                f"({_MANAGED_LONG[option]})"
+                f"environment variable {var} sets sbatch's {option}, which gandiva {_refusal(option)}: unset it "
+                f"({_REFUSED_LONG[option]})"
             )
+
+
+def _refusal(option: str) -> str:
+    """How a refused option is described: one gandiva manages, or one it cannot honour."""
+    return "cannot honour" if option in _UNPLACEABLE_LONG else "manages"
+
+
+def _is_refused(option: str) -> str:
+    return "cannot be honoured by gandiva" if option in _UNPLACEABLE_LONG else "is managed by gandiva"
 
 
 @dataclass(frozen=True)
@@ -161,6 +189,7 @@ class SbatchRequest:
     job_name: str | None = None
     help: bool = False
     array: str | None = None  # --array SPEC[%MAX] as given (a job array: one managed job per task)
+    resources: tuple[tuple[str, str], ...] = ()  # (long option, value) of the options in _RESOURCE_LONG
 
 
 def array_tasks(spec: str) -> tuple[tuple[int, ...], int]:
@@ -184,11 +213,14 @@ def array_tasks(spec: str) -> tuple[tuple[int, ...], int]:
 
 @dataclass(frozen=True)
 class ClusterLimits:
-    """What the cluster can give: GPUs per node, and nodes per partition (empty: unknown, not checked)."""
+    """What the cluster can give: GPUs per node, nodes per partition, and CPUs and memory (MB) per node
+    (empty, or 0 for a node: unknown, not checked)."""
 
     node_gpus: Mapping[str, int]
     partitions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     default_partition: str | None = None
+    node_cpus: Mapping[str, int] = field(default_factory=dict)
+    node_memory: Mapping[str, int] = field(default_factory=dict)
 
     @staticmethod
     def from_topology(topo: Topology, partitions: Mapping[str, tuple[str, ...]] | None = None,
@@ -212,6 +244,7 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
     partition: str | None = None
     job_name: str | None = None
     array: str | None = None
+    resources: dict[str, str] = {}
     i = 0
 
     def value(name: str, inline: str | None) -> str:
@@ -235,9 +268,9 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
             flags.add("parsable")
         elif name.startswith("--"):
             option = resolve_long(name)
-            if option in _MANAGED_LONG:
+            if option in _REFUSED_LONG:
                 spelled = option if name == option else f"{name} ({option})"
-                raise BadRequest(f"sbatch option {spelled} is managed by gandiva: {_MANAGED_LONG[option]}")
+                raise BadRequest(f"sbatch option {spelled} {_is_refused(option)}: {_REFUSED_LONG[option]}")
             if option == "--array":  # passed on as --array=SPEC by gandiva (sbatch_options)
                 array = value(name, inline)
                 i += 1
@@ -252,6 +285,8 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
                 partition = inline
             elif option == "--job-name":
                 job_name = inline
+            elif option in _RESOURCE_LONG and inline is not None:
+                resources[option] = inline
         elif tok.startswith("-") and len(tok) >= 2:
             if tok.startswith("-a"):  # -a SPEC / -aSPEC: the array (a bundle like -va stays sbatch's)
                 array = tok[2:] or value("-a", None)
@@ -262,10 +297,10 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
             # the rest of the word (or the next word), e.g. -vN2 is -v -N 2, -wn2 is -w n2.
             for k in range(1, len(tok)):
                 letter = "-" + tok[k]
-                if letter in _MANAGED_SHORT:
-                    long = _MANAGED_SHORT[letter]
+                if letter in _MANAGED_SHORT or letter in _UNPLACEABLE_SHORT:
+                    long = _MANAGED_SHORT.get(letter) or _UNPLACEABLE_SHORT[letter]
                     shown = letter if tok == letter else f"{letter} in {tok}"
-                    raise BadRequest(f"sbatch option {shown} ({long}) is managed by gandiva: {_MANAGED_LONG[long]}")
+                    raise BadRequest(f"sbatch option {shown} ({long}) {_is_refused(long)}: {_REFUSED_LONG[long]}")
                 if letter == "-a":
                     raise BadRequest(f"sbatch option -a in {tok} (--array): give the array on its own, "
                                      "e.g. --array=0-99%16")
@@ -278,6 +313,8 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
                         partition = v
                     elif letter == "-J":
                         job_name = v
+                    elif letter in _RESOURCE_SHORT:
+                        resources[_RESOURCE_SHORT[letter]] = v
                     break
         else:
             raise BadRequest(f"unexpected {tok!r} before --: put the command after --; {USAGE}")
@@ -313,6 +350,7 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
         partition=partition,
         job_name=job_name,
         array=array,
+        resources=tuple(resources.items()),
     )
 
 
@@ -320,8 +358,10 @@ def _sizes(node_gpus: Iterable[int]) -> str:
     return "/".join(str(n) for n in sorted(set(node_gpus)))
 
 
-def validate(req: SbatchRequest, limits: ClusterLimits, *, check_command: bool = True) -> None:
-    """Refuse a request that can never run (BadRequest, one line). Checks the command exists on PATH."""
+def validate(req: SbatchRequest, limits: ClusterLimits, *, check_command: bool = True,
+             env: Mapping[str, str] | None = None) -> None:
+    """Refuse a request that can never run (BadRequest, one line). Checks the command exists on PATH, and
+    the CPUs and memory it asks for per node (its options, else sbatch's SBATCH_* variables in `env`)."""
     if not req.command:
         raise BadRequest("no command: give the training command after --, e.g. gandiva sbatch --gpus 2 -- "
                          "python train.py")
@@ -352,3 +392,70 @@ def validate(req: SbatchRequest, limits: ClusterLimits, *, check_command: bool =
                 f"--gpus asks for {k} GPUs, which cannot be spread evenly over the nodes{where} (a job on "
                 f"several nodes gets the same GPUs on each; nodes have {_sizes(nodes.values())} GPUs): use --gpus {fix}"
             )
+    check_resources(req, limits, nodes, where, env or {})
+
+
+_MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def _megabytes(text: str) -> float | None:
+    """An sbatch memory size (a number, MB unless suffixed K/M/G/T) in MB; None: not one (sbatch judges it)."""
+    t = text.strip().upper()
+    unit = _MEM_UNITS.get(t[-1:]) if t else None
+    try:
+        return float(t[:-1] if unit is not None else t) * (unit if unit is not None else 1)
+    except ValueError:
+        return None
+
+
+def check_resources(req: SbatchRequest, limits: ClusterLimits, nodes: Mapping[str, int], where: str,
+                    env: Mapping[str, str]) -> None:
+    """Refuse (BadRequest, one line) CPUs or memory per node that some GPU node of `nodes` (name -> GPUs)
+    cannot hold: the controller places by GPUs alone, so it may plan the job on any of them. A job's share
+    on a node is counted at its largest (--gpus MAX, the controller may grow it), with gandiva's one task."""
+    asked = {opt: env[var] for var, opt in _RESOURCE_ENV.items() if env.get(var)}
+    asked.update(req.resources)
+    if not asked:
+        return
+
+    def count(option: str, default: int) -> int:
+        try:
+            return max(int(asked[option]), default) if option in asked else default
+        except ValueError:
+            return default  # not a number: sbatch refuses it
+
+    per_task = count("--cpus-per-task", 1) * count("--ntasks-per-node", 1)
+    for name, gpus in sorted(nodes.items()):
+        if gpus < 1:
+            continue
+        share = min(req.gpus.max, gpus)
+        cpus = max(per_task, count("--mincpus", 0), count("--cpus-per-gpu", 0) * share)
+        have = limits.node_cpus.get(name, 0)
+        if have and cpus > have:
+            raise BadRequest(
+                f"the request needs {cpus} CPUs on a node ({_spelled(asked, _CPU_OPTIONS, req)}), but node "
+                f"{name}{where} has {have}: ask for fewer CPUs"
+            )
+        mem = _megabytes(asked["--mem"]) if "--mem" in asked else None
+        for option, times in (("--mem-per-cpu", cpus), ("--mem-per-gpu", share)):
+            each = _megabytes(asked[option]) if option in asked else None
+            if each is not None:
+                mem = max(mem or 0.0, each * times)
+        have = limits.node_memory.get(name, 0)
+        if mem and have and mem > have:  # --mem=0 is "all of the node's memory"
+            raise BadRequest(
+                f"the request needs {mem:.0f} MB of memory on a node ({_spelled(asked, _MEM_OPTIONS, req)}), "
+                f"but node {name}{where} has {have} MB: ask for less memory"
+            )
+
+
+_CPU_OPTIONS = ("--cpus-per-task", "--ntasks-per-node", "--mincpus", "--cpus-per-gpu")
+_MEM_OPTIONS = ("--mem", "--mem-per-cpu", "--mem-per-gpu", *_CPU_OPTIONS)
+
+
+def _spelled(asked: Mapping[str, str], options: Sequence[str], req: SbatchRequest) -> str:
+    """The options that set a need, as `--opt=value ...` (and the GPUs, when a per-GPU option counts)."""
+    words = [f"{o}={asked[o]}" for o in options if o in asked]
+    if any(o.endswith("-per-gpu") for o in asked):
+        words.append(f"--gpus {req.gpus.max}")
+    return " ".join(words)

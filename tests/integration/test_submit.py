@@ -87,6 +87,12 @@ def test_sbatch_as_user_creates_a_held_marked_job(
         (["-p", "no-such-partition", "--", "/bin/true"], "unknown partition"),
         (["--gpus", "1"], "no command"),
         (["--", "/no/such/command"], "not found"),
+        # what the controller cannot place (issue 29): refused before Slurm sees it, never a start that fails
+        (["--gpus", "8", "--exclude=n2", "--", "/bin/true"], "--exclude cannot be honoured by gandiva"),
+        (["--gpus", "8", "-xn2", "--", "/bin/true"], "-x in -xn2 (--exclude) cannot be honoured"),
+        (["-n", "8", "--ntasks-per-node=4", "-c", "4", "--gpus", "1", "--", "/bin/true"],
+         "needs 16 CPUs on a node (--cpus-per-task=4 --ntasks-per-node=4), but node n1 has 8"),
+        (["--mem=9G", "--", "/bin/true"], "needs 9216 MB of memory on a node (--mem=9G), but node n1 has 8000 MB"),
     ],
 )
 def test_bad_requests_exit_nonzero_with_one_line_and_submit_nothing(
@@ -97,7 +103,7 @@ def test_bad_requests_exit_nonzero_with_one_line_and_submit_nothing(
     spec_dir = slurm_cluster.jobs_dir / "spec"
     specs_before = set(os.listdir(spec_dir)) if spec_dir.is_dir() else set()
     proc = run_as(test_user, [GANDIVA, "sbatch", *args], slurm_env)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr  # a bad request
     err = proc.stderr.strip()
     assert err.count("\n") == 0 and needle in err, err
     assert proc.stdout == ""

@@ -85,3 +85,26 @@ def test_the_simulator_spares_a_finishing_job_as_the_controller_does() -> None:
     res = {j.job_id: j for j in Simulator(trace, Bully(), config).run().jobs}
     assert res["a"].suspends == 0 and res["a"].finish == pytest.approx(130.0)
     assert res["b"].first_start == pytest.approx(130.0)
+
+
+@pytest.mark.parametrize("name", ["fifo", "gandiva", "tiresias"])
+def test_a_backed_off_job_is_not_shown_to_the_policy_so_its_gpus_go_to_others(name: str) -> None:
+    from slurm_gandiva.selector import make_policy
+
+    jobs = (Job(JobSpec("stuck", "u", 4, 4, 0.0)), Job(JobSpec("other", "v", 4, 4, 1.0)))
+    view = ClusterView(TOPO, jobs, 50.0)
+    policy = make_policy(name)
+    # Without a back-off the first job takes the node's 4 GPUs.
+    assert {d.job_id for d in run_round(policy, view).plan.decisions if d.action is Action.START} == {"stuck"}
+    # While it waits for its back-off, the other job gets them; a spent back-off changes nothing.
+    out = run_round(policy, view, RoundInputs(backoff={"stuck": 120.0}))
+    assert [(d.action, d.job_id) for d in out.plan.decisions] == [(Action.START, "other")]
+    out = run_round(policy, view, RoundInputs(backoff={"stuck": 50.0}))
+    assert {d.job_id for d in out.plan.decisions if d.action is Action.START} == {"stuck"}
+
+
+def test_the_backoff_doubles_with_each_failure_in_a_row_up_to_a_cap() -> None:
+    from slurm_gandiva.selector.round import BACKOFF_DOUBLINGS, backoff_delay
+
+    assert [backoff_delay(n, 60.0) for n in (1, 2, 3, 4, 5)] == [60.0, 120.0, 240.0, 480.0, 960.0]
+    assert backoff_delay(50, 60.0) == 60.0 * 2**BACKOFF_DOUBLINGS == 960.0

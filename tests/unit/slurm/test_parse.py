@@ -73,9 +73,11 @@ def test_sinfo_flat_2205_and_grouped_newer() -> None:
     assert [n.name for n in old] == ["n1", "n2"]
     assert old[0].state == "MIXED" and old[0].up and old[0].partitions == ("gpu",)
     assert old[0].cpus == 8 and old[0].sockets == 2 and "shard:g3:2" in old[0].gres
+    assert old[0].memory == 8000  # RealMemory, MB
     new = parse.parse_sinfo(load("sinfo_v0.0.41_handmade.json"))
     assert [(n.name, n.state, n.up) for n in new] == [("n1", "MIXED", True), ("n2", "IDLE+DRAIN", False)]
     assert new[0].cpus == 8 and new[0].partitions == ("gpu",) and "gpu:g0:1(IDX:0)" in new[0].gres_used
+    assert new[0].memory == 8000
 
 
 def test_errors_in_json_are_not_an_empty_queue() -> None:

@@ -145,6 +145,18 @@ def test_missing_command_refused() -> None:
         (["-W"], "-W (--wait) is managed"),
         # an option's value hides nothing: the word after a value-taking option is its value, no more
         (["--part", "gpu", "-w", "n2"], "-w (--nodelist) is managed"),
+        # options that limit where a job runs, which the controller does not take into its view
+        (["--exclude=n2"], "--exclude cannot be honoured by gandiva: the controller places a job on any node"),
+        (["--exclud", "n2"], "--exclud (--exclude) cannot be honoured"),
+        (["--excl=n2"], "--excl is ambiguous (--exclude, --exclusive) and may mean --exclude, which gandiva "
+                        "cannot honour: spell the option out"),
+        (["-xn2"], "-x in -xn2 (--exclude) cannot be honoured"),
+        (["-vx", "n2"], "-x in -vx (--exclude) cannot be honoured"),
+        (["--constraint=a100"], "--constraint cannot be honoured by gandiva: the controller does not know node "
+                                "features"),
+        (["-Ca100"], "-C in -Ca100 (--constraint) cannot be honoured"),
+        (["--exclusive"], "--exclusive cannot be honoured by gandiva: the controller shares nodes"),
+        (["--exclusive=user"], "--exclusive cannot be honoured"),
     ],
 )
 def test_managed_options_however_sbatch_would_spell_them(argv: list[str], needle: str) -> None:
@@ -161,7 +173,8 @@ def test_managed_options_however_sbatch_would_spell_them(argv: list[str], needle
         (["-vpgpu"], ("-vpgpu",), "gpu", None),
         (["-Jw"], ("-Jw",), None, "w"),  # -J takes "w" as the job name
         (["-J", "-wn2"], ("-J", "-wn2"), None, "-wn2"),
-        (["--time", "10", "--mem=4G", "--exclusive"], ("--time", "10", "--mem=4G", "--exclusive"), None, None),
+        (["--time", "10", "--mem=4G", "--hint", "nomultithread"], ("--time", "10", "--mem=4G", "--hint",
+                                                                    "nomultithread"), None, None),
         (["--req", "--hol"], (), None, None),  # prefixes of what gandiva always sets: dropped
     ],
 )
@@ -179,6 +192,51 @@ def test_sbatch_environment_variables_that_set_managed_options_are_refused() -> 
                         ("SBATCH_SIGNAL", "--signal")):
         with pytest.raises(BadRequest, match=f"{var} sets sbatch's {option}, which gandiva manages: unset it"):
             check_environment({var: "x"})
+    for var, option in (("SBATCH_EXCLUDE", "--exclude"), ("SBATCH_CONSTRAINT", "--constraint"),
+                        ("SBATCH_EXCLUSIVE", "--exclusive")):
+        with pytest.raises(BadRequest, match=f"{var} sets sbatch's {option}, which gandiva cannot honour: unset"):
+            check_environment({var: "x"})
+
+
+NODES_8CPU = ClusterLimits({"n1": 4, "n2": 4}, {"gpu": ("n1", "n2")}, node_cpus={"n1": 8, "n2": 8},
+                           node_memory={"n1": 8000, "n2": 8000})
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["-n", "8", "--ntasks-per-node=4", "-c", "4", "--gpus", "1"],
+         "needs 16 CPUs on a node (--cpus-per-task=4 --ntasks-per-node=4), but node n1 has 8"),
+        (["-c16"], "needs 16 CPUs"),
+        (["-vc", "9"], "needs 9 CPUs"),
+        (["--cpus-per-t=9"], "needs 9 CPUs"),  # a prefix of --cpus-per-task
+        (["--mincpus=12"], "needs 12 CPUs"),
+        (["--gpus", "1:4", "--cpus-per-gpu=3"], "needs 12 CPUs on a node (--cpus-per-gpu=3 --gpus 4)"),
+        (["--mem=9G"], "needs 9216 MB of memory on a node (--mem=9G), but node n1 has 8000 MB"),
+        (["--mem-per-cpu=2G", "-c", "8"], "needs 16384 MB"),
+        (["--mem-per-gpu=3000", "--gpus", "4"], "needs 12000 MB"),
+    ],
+)
+def test_cpus_and_memory_no_node_can_hold_are_refused(argv: list[str], needle: str) -> None:
+    with pytest.raises(BadRequest) as ei:
+        validate(parse_request([*argv, "--", "true"]), NODES_8CPU)
+    assert needle in str(ei.value) and "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "argv", [["-c8"], ["-c", "4", "--ntasks-per-node=2"], ["--mem=0", "-c8"], ["--mem=7G"], ["--mem=8000"],
+             ["--gpus", "4", "--cpus-per-gpu=2"], ["-n", "64"], ["-c", "x"]],
+)
+def test_cpus_and_memory_a_node_can_hold_are_accepted(argv: list[str]) -> None:
+    validate(parse_request([*argv, "--", "true"]), NODES_8CPU)
+    validate(parse_request(["-c", "64", "--", "true"]), LIMITS)  # CPUs unknown: not checked
+
+
+def test_sbatch_variables_for_cpus_and_memory_count_unless_an_option_overrides_them() -> None:
+    req = parse_request(["--", "true"])
+    with pytest.raises(BadRequest, match="needs 102400 MB"):
+        validate(req, NODES_8CPU, env={"SBATCH_MEM_PER_NODE": "100G"})
+    validate(parse_request(["--mem=1G", "--", "true"]), NODES_8CPU, env={"SBATCH_MEM_PER_NODE": "100G"})
 
 
 @pytest.mark.parametrize("gpus", ["8", "6", "3:8", "2"])

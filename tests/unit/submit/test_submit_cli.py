@@ -24,7 +24,7 @@ class FakeBackend:
 
     def nodes(self) -> tuple[SlurmNode, ...]:
         gres = ",".join(f"gpu:g{k}:1" for k in range(4)) + ",shard:g0:2"
-        return tuple(SlurmNode(n, "IDLE", ("gpu",), gres, "") for n in ("n1", "n2"))
+        return tuple(SlurmNode(n, "IDLE", ("gpu",), gres, "", cpus=8, memory=8000) for n in ("n1", "n2"))
 
     def submit(self, req: SubmitRequest) -> str:
         self.submitted.append(req)
@@ -107,6 +107,13 @@ def test_good_request_is_held_marked_and_spec_written(cluster: dict[str, str], t
         ["--gpus", "1"],
         ["--", "/no/such/cmd"],
         ["--gres=gpu:1", "--", "true"],
+        ["--gpus", "8", "--exclude=n2", "--", "true"],
+        ["--gpus", "8", "--excl=n2", "--", "true"],
+        ["-xn2", "--", "true"],
+        ["-C", "a100", "--", "true"],
+        ["--exclusive", "--", "true"],
+        ["-n", "8", "--ntasks-per-node=4", "-c", "4", "--gpus", "1", "--", "true"],
+        ["--mem=9G", "--", "true"],
     ],
 )
 def test_bad_requests_submit_nothing(argv: list[str], cluster: dict[str, str], tmp_path: Path) -> None:
@@ -115,6 +122,23 @@ def test_bad_requests_submit_nothing(argv: list[str], cluster: dict[str, str], t
         _submit(argv, be, cluster)
     assert be.submitted == []
     assert not (tmp_path / "jobs" / "spec").exists() or not any((tmp_path / "jobs" / "spec").iterdir())
+
+
+def test_sbatch_variables_that_limit_placement_submit_nothing(cluster: dict[str, str], tmp_path: Path) -> None:
+    be = FakeBackend()
+    for var, value in (("SBATCH_EXCLUDE", "n2"), ("SBATCH_CONSTRAINT", "a100"), ("SBATCH_MEM_PER_NODE", "9G")):
+        with pytest.raises(BadRequest, match=var if var != "SBATCH_MEM_PER_NODE" else "needs 9216 MB"):
+            _submit(["--", "true"], be, {**cluster, var: value})
+    assert be.submitted == []
+    assert _submit(["-c", "8", "--mem=8000", "--", "true"], be, cluster) == "101"
+
+
+def test_cli_refuses_a_constraint_in_one_line_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from slurm_gandiva.cli import main
+
+    assert main(["sbatch", "--gpus", "8", "--exclude=n2", "--", "true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--exclude cannot be honoured by gandiva" in err
 
 
 def test_without_topology_file_gpus_come_from_slurm(tmp_path: Path) -> None:

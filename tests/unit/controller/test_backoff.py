@@ -1,0 +1,101 @@
+"""A move Slurm refuses or that does not start in time is backed off (issue 29, item 3): the job waits
+longer after each failure in a row, with a REASON in `gandiva squeue`, and its GPUs go to others meanwhile;
+a start that runs on after its round and then fails counts like one that failed within it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from slurm_gandiva.config import parse_config
+from slurm_gandiva.controller.cli import queue_rows
+from slurm_gandiva.controller.service import BACKOFF_EVENT, Controller
+from slurm_gandiva.errors import ProtocolError
+from slurm_gandiva.model import Placement, Topology
+from slurm_gandiva.requeue.operations import Op, OpResult, Outcome, Step, StepRecord
+from slurm_gandiva.store import Store
+from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, sjob
+from tests.unit.controller.test_service import Toy
+
+TOPO = Topology.uniform(2, 4)
+
+
+def _controller(tmp_path: Path, backend: FakeBackend, proto: FakeProtocol, clock: list[float]) -> tuple[
+        Controller, Store]:
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    cfg = parse_config(f"state_dir = {tmp_path}\ntick = 1\nquantum = 30\n")
+    ctl = Controller(cfg, backend, store, lambda: clock[0], policy=Toy(), protocol=proto, topology=TOPO,
+                     progress_reader=lambda _p, _u: None)
+    return ctl, store
+
+
+def test_a_failing_start_backs_off_longer_each_time_and_its_gpus_go_to_others(tmp_path: Path) -> None:
+    clock = [1000.0]
+    # Three 4-GPU jobs on two 4-GPU nodes; job 1 (the oldest) can never start.
+    backend = FakeBackend([sjob(j, submit=float(j), tres="gres:gpu:4") for j in ("1", "2", "3")],
+                          clock=lambda: clock[0])
+    proto = FakeProtocol(backend, fail=frozenset({"1"}))
+    ctl, store = _controller(tmp_path, backend, proto, clock)
+    ctl.tick()
+    assert sorted(c[1] for c in proto.calls) == ["1", "2"] and backend.job("2").state == "RUNNING"
+    clock[0] += 5
+    ctl.tick()  # job 1 waits for its back-off: job 3 gets the GPUs the policy would have kept for job 1
+    assert sorted(c[1] for c in proto.calls) == ["1", "2", "3"] and backend.job("3").state == "RUNNING"
+    for j in ("2", "3"):  # the two jobs end: job 1 alone is left
+        backend.set(sjob(j, "COMPLETED", tres="gres:gpu:4"))
+    tries = []
+    for _ in range(60):  # 300 s, a tick every 5 s
+        clock[0] += 5
+        before = len(proto.calls)
+        ctl.tick()
+        if len(proto.calls) > before:
+            tries.append(clock[0])
+    assert tries == [1030.0, 1090.0, 1210.0]  # 30 s, then 60 s, then 120 s after each failure
+    events = store.events(job_id="1", kinds=[BACKOFF_EVENT])
+    assert len(events) == 4 and "(4 in a row): not tried again for 240 s" in events[-1].detail
+    assert "injected failure" in events[-1].detail
+    cfg = parse_config(f"state_dir = {tmp_path}\npartitions = gpu\n")
+    (row,) = [r for r in queue_rows(cfg, backend, store) if r.job_id == "1"]
+    assert "start failed (4 in a row): not tried again for 240 s" in row.reason
+    # It starts once it can; a later failure backs off one quantum again.
+    proto.fail.clear()
+    clock[0] = 1210.0 + 240.0
+    assert [r.ok for r in ctl.tick().results] == [True]
+    (row,) = [r for r in queue_rows(cfg, backend, store) if r.job_id == "1"]
+    assert row.reason == ""
+    assert "1" not in ctl._failures  # the row of failures ended
+    store.close()
+
+
+class RefusedLater(FakeProtocol):
+    """Sets a start up and leaves its wait to run on after the round; that wait fails as Slurm's would."""
+
+    def resume(self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None,
+               defer: bool = False) -> OpResult:
+        self._enter("resume", job_id, placement)
+
+        def rest() -> OpResult:
+            raise ProtocolError(f"job {job_id} did not start within 60 s (still PENDING, BadConstraints)")
+
+        return OpResult(job_id, Op.RESUME, Outcome.STARTING, (StepRecord(Step.SET_PLACEMENT, 0.0),), placement,
+                        "", rest)
+
+
+def test_a_start_that_fails_after_its_round_is_backed_off_too(tmp_path: Path) -> None:
+    clock = [1000.0]
+    backend = FakeBackend([sjob("1", submit=1.0, tres="gres:gpu:4")], clock=lambda: clock[0])
+    proto = RefusedLater(backend)
+    ctl, store = _controller(tmp_path, backend, proto, clock)
+    assert [(r.ok, r.starting) for r in ctl.tick().results] == [(True, True)]
+    assert ctl.actor.wait_started(timeout=5)
+    clock[0] += 5
+    ctl.tick()  # notes the failed start: not tried again for a quantum
+    clock[0] += 20
+    ctl.tick()
+    assert len(proto.calls) == 1
+    (event,) = store.events(job_id="1", kinds=[BACKOFF_EVENT])
+    assert "BadConstraints" in event.detail and "not tried again for 30 s" in event.detail
+    clock[0] += 11
+    ctl.tick()
+    assert len(proto.calls) == 2
+    store.close()
