@@ -124,6 +124,7 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
     """Managed jobs from Slurm (state, GPUs) joined with the store (slices, rate) and progress files."""
     from pathlib import Path
 
+    from slurm_gandiva.controller.claims import CLAIM_IGNORED
     from slurm_gandiva.controller.observe import held_placement, is_managed, slurm_state
     from slurm_gandiva.errors import JobFileError
     from slurm_gandiva.requeue.contract import JobFiles
@@ -149,6 +150,9 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
                 reason = str(exc)
         if rec is None and not reason and os.geteuid() in owner_uids(sj.user):
             reason = _registration_refusal(cfg, sj, snap.nodes)
+        if rec is not None and not reason and os.geteuid() in owner_uids(sj.user):
+            ignored = store.events(job_id=sj.job_id, kinds=[CLAIM_IGNORED])  # recorded once per job
+            reason = ignored[-1].detail if ignored else ""
         rate = prog.samples_per_s if (prog is not None and sj.running and prog.samples_per_s > 0) else None
         if rate is None and rates:
             rate = rates[-1].rate
@@ -224,6 +228,9 @@ class _NoHistory:
         return ()
 
     def rates(self, _job_id: str) -> tuple[()]:
+        return ()
+
+    def events(self, **_kw: object) -> tuple[()]:
         return ()
 
     def close(self) -> None:

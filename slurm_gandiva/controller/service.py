@@ -33,7 +33,7 @@ from slurm_gandiva.config import ControllerConfig, load_config
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult
 from slurm_gandiva.controller.arrays import array_members, array_places
 from slurm_gandiva.controller.observe import Observation, ProgressReader
-from slurm_gandiva.controller.observer import Observer, finishing_jobs
+from slurm_gandiva.controller.observer import Observer
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
 from slurm_gandiva.errors import ConfigError, GandivaError
 from slurm_gandiva.model import ClusterView, Placement, Topology
@@ -350,7 +350,7 @@ class Controller:
         now = obs.view.now
         for jid in [j for j, until in self._backoff.items() if until <= now]:
             del self._backoff[jid]
-        inputs = RoundInputs(finishing_jobs(obs.progress), self._backoff, array_members(obs.managed))
+        inputs = RoundInputs(obs.claims, self._backoff, array_members(obs.managed), self.config.quantum)
         out = run_round(self.policy, obs.view, inputs)
         if out.spared:
             log.info("jobs %s are finishing: not stopping them this tick", ", ".join(out.spared))
