@@ -218,6 +218,7 @@ class Controller:
             jobs_root=self.config.job_root,
             clock=self.clock,
             stop_timeout=self.config.suspend_timeout,
+            max_registrations=self.config.max_registrations,
         )
 
     # -- observe --------------------------------------------------------------------------------------
