@@ -49,6 +49,7 @@ class ControllerConfig:
     round_log: Path | None = None  # None: off; else each round's view and plan, a JSON line each
     round_log_max_mb: float = 50.0  # the round log is renamed to <round_log>.1 before it grows past this
     max_nodes: int | None = None  # most nodes one job may span; None: as many as the cluster has
+    max_registrations: int = 500  # new jobs registered per round, shared fairly between users
     source: str = "<defaults>"
 
     @property
@@ -84,6 +85,13 @@ def _positive_seconds(v: str) -> float:
 def _port(v: str) -> int:
     x = int(v)
     if not 0 <= x <= 65535:
+        raise ValueError
+    return x
+
+
+def _positive_int(v: str) -> int:
+    x = int(v)
+    if x < 1:
         raise ValueError
     return x
 
@@ -150,6 +158,9 @@ _KEYS: dict[str, tuple[Callable[[str], object], str, str]] = {
         _positive_seconds, "round_log_max_mb", "round_log_max_mb must be a positive number of megabytes",
     ),
     "max_nodes": (_max_nodes, "max_nodes", "max_nodes must be a whole number of nodes, at least 1, or `any`"),
+    "max_registrations": (
+        _positive_int, "max_registrations", "max_registrations must be a whole number of jobs, at least 1",
+    ),
 }
 _ALIASES = {"database": "database_url", "db": "database_url", "topology": "topology_file"}
 

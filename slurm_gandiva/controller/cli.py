@@ -124,6 +124,7 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
     """Managed jobs from Slurm (state, GPUs) joined with the store (slices, rate) and progress files."""
     from pathlib import Path
 
+    from slurm_gandiva.controller.claims import CLAIM_IGNORED
     from slurm_gandiva.controller.observe import held_placement, is_managed, slurm_state
     from slurm_gandiva.errors import JobFileError
     from slurm_gandiva.requeue.contract import JobFiles
@@ -149,6 +150,9 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
                 reason = str(exc)
         if rec is None and not reason and os.geteuid() in owner_uids(sj.user):
             reason = _registration_refusal(cfg, sj, snap.nodes)
+        if rec is not None and not reason and os.geteuid() in owner_uids(sj.user):
+            ignored = store.events(job_id=sj.job_id, kinds=[CLAIM_IGNORED])  # recorded once per job
+            reason = ignored[-1].detail if ignored else ""
         if not reason and not sj.running:
             reason = _backoff_reason(store, sj.job_id, slices)
         rate = prog.samples_per_s if (prog is not None and sj.running and prog.samples_per_s > 0) else None

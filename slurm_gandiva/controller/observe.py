@@ -27,6 +27,7 @@ from slurm_gandiva.model import (
     TrialKind,
 )
 from slurm_gandiva.requeue.contract import JOB_MARK
+from slurm_gandiva.selector.round import Claim
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot
 from slurm_gandiva.slurm.gres import Gres, gpu_index, parse_gres
 from slurm_gandiva.store.api import JobRecord, RateRecord, SliceRecord
@@ -356,6 +357,7 @@ class Observation:
     records: Mapping[str, JobRecord] = field(default_factory=dict)
     progress: Mapping[str, ProgressLike] = field(default_factory=dict)
     problems: Mapping[str, str] = field(default_factory=dict)  # job id -> why its files were refused
+    claims: Mapping[str, Claim] = field(default_factory=dict)  # the finishing jobs' standing claims (`ClaimJudge`)
 
     def needs_admin_hold(self) -> tuple[SlurmJob, ...]:
         """Managed pending jobs that only a user hold (or no hold) keeps from Slurm's own scheduling."""

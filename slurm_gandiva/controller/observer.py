@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_gandiva.controller.arrays import GroupSpecs, grouped_spec, with_array_groups
+from slurm_gandiva.controller.claims import CLAIM_IGNORED, ClaimJudge, Verdict
 from slurm_gandiva.controller.observe import (
     JobInputs,
     JobMemo,
@@ -62,6 +64,8 @@ class Observer:
         self.clock = clock
         self.read_progress: ProgressReader = read_progress or _read_progress
         self.file_problems: dict[str, str] = {}  # job id -> why its files were refused (last round)
+        self.claims = ClaimJudge()
+        self.claim_problems: Mapping[str, str] = {}  # job id -> why its claim of finishing is ignored (last round)
         self._trials: dict[str, Trial] = {}
         self._failed_trials: dict[str, frozenset[TrialKind]] = {}
         self._speedups: dict[tuple[str, int], Mapping[int, float] | None] = {}
@@ -135,17 +139,29 @@ class Observer:
         self._note_file_problems(problems)
         now = self.clock()
         caps = self.backend.capabilities()
-        view = build_view(
-            topology, snap.nodes, inputs, foreign_gpus(snap.jobs, config.partitions), now,
-            requeue_ties=caps.requeue_keeps_gpu_indices, packing=caps.packing, memo=self._job_memo,
-            max_nodes=config.max_nodes,
-        )
+        foreign = foreign_gpus(snap.jobs, config.partitions)
+
+        def view_of(inputs: list[JobInputs]) -> ClusterView:
+            return build_view(
+                topology, snap.nodes, inputs, foreign, now, requeue_ties=caps.requeue_keeps_gpu_indices,
+                packing=caps.packing, memo=self._job_memo, max_nodes=config.max_nodes,
+            )
+
+        view = view_of(inputs)
+        verdict = self.claims.judge(view, progress, config.quantum, now)
+        if verdict.ignored:  # their reports buy nothing: the view is made again without them
+            inputs = [replace(i, progress=None, rates=()) if i.slurm.job_id in verdict.ignored else i for i in inputs]
+            view = view_of(inputs)
+            for jid in verdict.ignored:
+                progress.pop(jid, None)
+        self._note_claims(verdict, now)
         view = with_array_groups(view, managed)  # the %MAX throttles, for the policy
         for memo in (self._job_memo, self._progress_memo, self._group_specs, self._inputs_memo):
             for jid in memo.keys() - records.keys():
                 del memo[jid]
+        self.claims.forget(records)
         self.store.retain(j.job_id for j in snap.jobs)
-        return Observation(view, snap, managed, records, progress, problems)
+        return Observation(view, snap, managed, records, progress, problems, verdict.standing)
 
     def _progress_now(
         self, job_id: str, rec: JobRecord, sj: SlurmJob, job_root: Path, problems: dict[str, str]
@@ -188,6 +204,14 @@ class Observer:
         for jid in self.file_problems.keys() - problems.keys():
             log.info("job %s: its files are readable again", jid)
         self.file_problems = problems
+
+    def _note_claims(self, verdict: Verdict, now: float) -> None:
+        """Log and record each job's ignored claim once (`ClaimJudge`)."""
+        for jid, why in verdict.new.items():
+            log.warning("job %s: %s", jid, why)
+            with contextlib.suppress(Exception):
+                self.store.record_event(CLAIM_IGNORED, jid, why, now)
+        self.claim_problems = verdict.ignored
 
     def last_placements(self, plan: Plan) -> dict[str, Placement]:
         """Where the jobs this plan resumes last ran (one store query)."""
@@ -238,16 +262,3 @@ class Observer:
 def _read_progress(path: Path, user: str) -> ProgressLike | None:
     """The default progress reader: the job's progress.json read as untrusted input (see safe_read)."""
     return read_job_progress(path, owner=user)
-
-
-def finishing(prog: ProgressLike) -> bool:
-    """The wrapper reports that training is over (the job is only exiting): stopping it now gains nothing
-    and a signal during its shutdown could turn a finished run into a failed one."""
-    if getattr(prog, "state", "running") == "done":
-        return True
-    return bool(prog.total_samples) and prog.samples >= (prog.total_samples or 0)
-
-
-def finishing_jobs(progress: Mapping[str, ProgressLike]) -> frozenset[str]:
-    """The jobs whose progress report says they are finishing (see `finishing`)."""
-    return frozenset(jid for jid, prog in progress.items() if finishing(prog))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,8 @@ from slurm_gandiva.store.api import Outcome as StoreOutcome
 log = logging.getLogger(__name__)
 
 # New jobs registered per round at most (each reads its spec and writes its record): the rest register in
-# the next rounds, so a round after a 10,000-task array is submitted stays about a second long.
+# the next rounds, so a round after a 10,000-task array is submitted stays about a second long. The budget
+# is shared between the users with jobs to register (`fair_shares`): volume buys no one a place ahead.
 MAX_REGISTRATIONS = 500
 # How long a marked job may wait for `gandiva sbatch` to write its spec file before it is taken as a
 # plain sbatch job (rigid, GPU count from Slurm).
@@ -90,6 +92,31 @@ def spec_refusal(min_gpus: int, max_gpus: int, partition: str, nodes: Sequence[S
     return None
 
 
+def fair_shares(waiting: Mapping[str, int], budget: int, turn: int = 0) -> dict[str, int]:
+    """User -> how many of their `waiting` jobs to register out of `budget`: max-min fair (a user with fewer
+    than an even share gets them all, the others split the rest evenly). A remainder too small to split
+    goes one each to the users in name order from the `turn`-th on (the caller turns it round each round),
+    so even a budget of 1 reaches every user in turn."""
+    users = sorted(u for u, n in waiting.items() if n > 0)
+    if not users:
+        return {}
+    k = turn % len(users)
+    active = users[k:] + users[:k]
+    shares = dict.fromkeys(users, 0)
+    left = budget
+    while left > 0 and active:
+        each = max(1, left // len(active))
+        more: list[str] = []
+        for u in active:
+            give = min(each, waiting[u] - shares[u], left)
+            shares[u] += give
+            left -= give
+            if shares[u] < waiting[u]:
+                more.append(u)
+        active = more
+    return shares
+
+
 def _status_outcome(files: JobFiles, owner: str) -> str | None:
     """The wrapper's last reported outcome; None when there is none or the file is refused (logged)."""
     try:
@@ -127,7 +154,9 @@ class Reconciler:
         self._unsatisfiable: dict[str, str] = {}  # job id -> why its spec cannot ever run (noted once)
         self._nodes: tuple[SlurmNode, ...] = ()  # Slurm's nodes in the snapshot being settled
         self.max_registrations = max_registrations
-        self._registrations = 0  # jobs registered in the round being settled
+        self._shares: dict[str, int] = {}  # user -> how many of their jobs the round being settled registers
+        self._registered: Counter[str] = Counter()  # user -> jobs registered in the round being settled
+        self._rounds = 0  # rounds settled: who gets a budget's remainder turns round
         self._arrays_held: set[str] = set()  # arrays held whole in the last round
         self.managed = ManagedJobs(self.partitions)
 
@@ -153,7 +182,13 @@ class Reconciler:
         current = self.store.open_slices(records)
         busy = {managed[jid].array_id for jid in starting if jid in managed and managed[jid].array_id}
         held = self._hold_arrays((j for j in managed.values() if j.array_id not in busy), out)
-        self._registrations = 0
+        self._shares = fair_shares(
+            Counter(sj.user for jid, sj in managed.items() if jid not in records and jid not in starting
+                    and not sj.finished),
+            self.max_registrations, self._rounds,
+        )
+        self._registered = Counter()
+        self._rounds += 1
         for sj in managed.values():
             if sj.job_id in starting:
                 continue  # pending (held until its begin time, or released): not to be held or requeued
@@ -261,12 +296,12 @@ class Reconciler:
         if rec is None and sj.finished:
             return  # finished before this controller ever saw it: nothing to manage
         if rec is None:
-            if self._registrations >= self.max_registrations:
-                return  # registered in a later round: a 10,000-task array must not stall this one
+            if self._registered[sj.user] >= self._shares.get(sj.user, 0):
+                return  # registered in a later round: a 10,000-task array must not stall this one, nor others
             rec = self._register(sj, now, out)
             if rec is None:
                 return
-            self._registrations += 1
+            self._registered[sj.user] += 1
         if sj.finished:
             end = sj.end_time or now
             reason = finished_slice_end(sj.state)

@@ -33,7 +33,7 @@ from slurm_gandiva.config import ControllerConfig, load_config
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult
 from slurm_gandiva.controller.arrays import array_members, array_places
 from slurm_gandiva.controller.observe import Observation, ProgressReader
-from slurm_gandiva.controller.observer import Observer, finishing_jobs
+from slurm_gandiva.controller.observer import Observer
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
 from slurm_gandiva.errors import ConfigError, GandivaError
 from slurm_gandiva.model import ClusterView, Placement, Topology
@@ -220,6 +220,7 @@ class Controller:
             jobs_root=self.config.job_root,
             clock=self.clock,
             stop_timeout=self.config.suspend_timeout,
+            max_registrations=self.config.max_registrations,
         )
 
     # -- observe --------------------------------------------------------------------------------------
@@ -356,7 +357,7 @@ class Controller:
         known = {j.job_id for j in obs.view.jobs}
         for jid in [j for j in self._failures if j not in known]:
             del self._failures[jid]
-        inputs = RoundInputs(finishing_jobs(obs.progress), self._backoff, array_members(obs.managed))
+        inputs = RoundInputs(obs.claims, self._backoff, array_members(obs.managed), self.config.quantum)
         out = run_round(self.policy, obs.view, inputs)
         if out.spared:
             log.info("jobs %s are finishing: not stopping them this tick", ", ".join(out.spared))

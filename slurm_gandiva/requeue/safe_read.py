@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import pwd
 import stat
@@ -24,6 +25,12 @@ from slurm_gandiva.requeue.contract import Progress
 
 MAX_JSON_BYTES = 1 << 20  # progress.json, status.json and spec files are a few hundred bytes
 MAX_TAIL_BYTES = 1 << 20  # of an append-only file (events.jsonl), only this much of its end is read
+# The largest counts and rates a progress report may hold: far above any real run (2^53: exact in a float),
+# low enough that no sum or product of them overflows or loses the units.
+MAX_COUNT = 1 << 53
+MAX_RATE = 1e12  # samples/s
+MAX_WORLD = 1 << 20  # training processes
+_STATES = ("running", "suspended", "done", "failed")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -153,9 +160,34 @@ def read_job_progress(path: str | os.PathLike[str], *, owner: str | int) -> Prog
     if data is None:
         return None
     try:
-        return Progress.from_mapping(data)
-    except ValueError as exc:
+        prog = Progress.from_mapping(data)
+    except (ValueError, OverflowError) as exc:
         raise _refused(Path(path), f"is {exc}") from None
+    why = progress_problem(prog)
+    if why is not None:
+        raise _refused(Path(path), f"is malformed progress: {why}")
+    return prog
+
+
+def progress_problem(prog: Progress) -> str | None:
+    """Why a parsed progress report cannot be believed (a number not finite, negative or absurd, an unknown
+    state), or None. The whole report is refused: it affects that job alone."""
+    counts = {"step": prog.step, "epoch": prog.epoch, "samples": prog.samples, "total_samples": prog.total_samples}
+    for name, n in counts.items():
+        if n is not None and not 0 <= n <= MAX_COUNT:
+            return f"{name} = {n} is not a count between 0 and {MAX_COUNT}"
+    rates = {"samples_per_s": (prog.samples_per_s, MAX_RATE), "batch_time_avg": (prog.batch_time_avg, MAX_RATE)}
+    for name, (x, top) in rates.items():
+        if not (math.isfinite(x) and 0.0 <= x <= top):
+            return f"{name} = {x} is not a finite number between 0 and {top:g}"
+    if not 0 <= prog.world_size <= MAX_WORLD:
+        return f"world_size = {prog.world_size} is not between 0 and {MAX_WORLD}"
+    for name, t in (("updated", prog.updated), ("started", prog.started)):
+        if t is not None and not (math.isfinite(t) and 0.0 <= t <= 1e11):
+            return f"{name} = {t} is not a unix time"
+    if prog.state not in _STATES:
+        return f"state {prog.state[:40]!r} is not one of {', '.join(_STATES)}"
+    return None
 
 
 def read_job_outcome(path: str | os.PathLike[str], *, owner: str | int) -> str | None:

@@ -9,7 +9,9 @@ dropped is in the outcome for the caller to log. The rules, in this order:
 
 1. Finishing jobs are spared (`spare_finishing`): no stop of a job whose wrapper reports training over
    (it is only exiting: stopping it gains nothing and a signal could fail a finished run), nor the
-   decisions that counted on its GPUs.
+   decisions that counted on its GPUs; but only for a bounded time (`spared_until`): a claim is the
+   job's own word, so from the first round that saw it, at most one quantum, and no longer than its
+   measured finish plus `FINISH_MARGIN_S`. A job still there after that is stopped like any other.
 2. Group caps (`throttle_groups`): no start or resume that would run more jobs of a capped group (a job
    array's %MAX) than its cap, as the cluster counts its running members (Slurm also counts a task it
    still tears down); the plan's suspends free places first, then the members with the least attained
@@ -33,6 +35,24 @@ from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.selector.base import Policy
 
 _TAKES = (Action.START, Action.RESUME)
+# How long a job may take to exit after its last sample (final checkpoint, process teardown) and still be
+# spared: a claim of being done buys this much, never more than a quantum.
+FINISH_MARGIN_S = 30.0
+
+
+class Claim(NamedTuple):
+    """A job's claim that it is finishing: when a round first saw it, and when the job's measured rate
+    says it is done (at `since` or before for a job that says it is done)."""
+
+    since: float
+    eta: float
+
+
+def spared_until(claim: Claim, quantum: float) -> float:
+    """Until when a job that claims to be finishing is spared: `claim.since` plus the time to its measured
+    finish and `FINISH_MARGIN_S`, at most one `quantum`. The controller's observer (which then stops
+    believing the claim) and the round apply this same bound."""
+    return claim.since + min(quantum, max(0.0, claim.eta - claim.since) + FINISH_MARGIN_S)
 
 
 class Member(NamedTuple):
@@ -47,14 +67,16 @@ class Member(NamedTuple):
 class RoundInputs:
     """What the round's rules read besides the view.
 
-    `finishing`: the jobs whose progress report says training is over. `backoff`: job id -> until when
-    its failed moves are not retried (entries at or before the view's `now` are spent). `members`: the
-    jobs of capped groups (job id -> `Member`), as the cluster counts them; None: from the view
-    (`group_members`)."""
+    `finishing`: job id -> its `Claim`, for the jobs whose progress report says training is over; each is
+    spared until `spared_until(claim, quantum)`. `backoff`: job id -> until when its failed moves are not
+    retried (entries at or before the view's `now` are spent). `members`: the jobs of capped groups
+    (job id -> `Member`), as the cluster counts them; None: from the view (`group_members`). `quantum`:
+    the time-slice, the longest a claim spares a job."""
 
-    finishing: Collection[str] = frozenset()
+    finishing: Mapping[str, Claim] = field(default_factory=dict)
     backoff: Mapping[str, float] = field(default_factory=dict)
     members: Mapping[str, Member] | None = None
+    quantum: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -66,17 +88,25 @@ class RoundOutcome:
     spared: tuple[str, ...] = ()  # finishing jobs the plan stopped
     throttled: tuple[str, ...] = ()  # jobs not placed: their group runs its cap
     held_back: tuple[str, ...] = ()  # jobs whose moves wait for their back-off
+    overdue: tuple[str, ...] = ()  # jobs claiming to finish past their bound (`spared_until`): not spared
 
 
 def run_round(policy: Policy, view: ClusterView, inputs: RoundInputs | None = None) -> RoundOutcome:
     """`policy.decide(view, view.now)` with the round's rules applied (see the module docstring)."""
     inputs = inputs or RoundInputs()
     decided = policy.decide(hide_backed_off(view, inputs.backoff), view.now)
-    plan, spared = spare_finishing(decided, view, inputs.finishing)
+    standing, overdue = standing_claims(inputs.finishing, inputs.quantum, view.now)
+    plan, spared = spare_finishing(decided, view, standing)
     members = inputs.members if inputs.members is not None else group_members(view)
     plan, throttled = throttle_groups(plan, view, members)
     plan, held = without_backoff(plan, inputs.backoff, view.now)
-    return RoundOutcome(plan, decided, spared, throttled, held)
+    return RoundOutcome(plan, decided, spared, throttled, held, overdue)
+
+
+def standing_claims(claims: Mapping[str, Claim], quantum: float, now: float) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The jobs whose claim still spares them at `now` (`spared_until`), and those past their bound."""
+    standing = frozenset(jid for jid, c in claims.items() if now < spared_until(c, quantum))
+    return standing, tuple(sorted(claims.keys() - standing))
 
 
 def spare_finishing(plan: Plan, view: ClusterView, finishing: Collection[str]) -> tuple[Plan, tuple[str, ...]]:

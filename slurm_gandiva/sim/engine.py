@@ -47,7 +47,7 @@ from slurm_gandiva.plan import Action, Decision, Plan, apply_decision
 from slurm_gandiva.profiles import MODEL_NAMES, ModelProfile, load_profiles
 from slurm_gandiva.selector.base import Policy
 from slurm_gandiva.selector.common import next_rotation
-from slurm_gandiva.selector.round import RoundInputs, run_round
+from slurm_gandiva.selector.round import Claim, RoundInputs, run_round
 from slurm_gandiva.sim.models import SpeedModel
 from slurm_gandiva.sim.trace import Trace
 
@@ -535,11 +535,11 @@ class Simulator:
         )
 
     def _round(self, view: ClusterView, running: Mapping[str, _Rec]) -> Plan:
-        """The live round (`run_round`): jobs past their last sample are finishing, nothing fails (no
-        back-off), groups count their running jobs. A plan the rules made impossible is not acted on,
-        as the controller refuses one."""
-        finishing = [jid for jid, r in running.items() if r.done_at is not None]
-        out = run_round(self.policy, view, RoundInputs(finishing=finishing, backoff=_NO_BACKOFF))
+        """The live round (`run_round`): jobs past their last sample are finishing (spared as long as the
+        controller would), nothing fails, groups count their running jobs; an impossible plan is not acted on."""
+        finishing = {jid: Claim(r.done_at, r.done_at) for jid, r in running.items() if r.done_at is not None}
+        inputs = RoundInputs(finishing, _NO_BACKOFF, quantum=getattr(self.policy, "quantum", None) or math.inf)
+        out = run_round(self.policy, view, inputs)
         if out.plan is not out.decided and out.plan and out.plan.apply(view).consistency_errors():
             return Plan()
         return out.plan

@@ -64,6 +64,8 @@ packing = yes
         ("quantum = 10\ntick = 30\n", "gandiva.conf:2: tick (30 s) must not be longer than quantum (10 s)"),
         ("database_url = /not/a/url\n", "gandiva.conf:1: database_url must be a SQLAlchemy URL"),
         ("max_nodes = 0\n", "gandiva.conf:1: max_nodes must be a whole number of nodes, at least 1, or `any`"),
+        ("max_registrations = 0\n", "gandiva.conf:1: max_registrations must be a whole number of jobs, at least 1"),
+        ("max_registrations = lots\n", "gandiva.conf:1: max_registrations must be a whole number of jobs"),
     ],
 )
 def test_errors_name_the_line(text: str, message: str) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from slurm_gandiva.controller.reconcile import Reconciler
+from slurm_gandiva.controller.reconcile import MAX_REGISTRATIONS, Reconciler, fair_shares
 from slurm_gandiva.model import JobSpec, JobState
 from slurm_gandiva.plan import Action
 from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
@@ -211,3 +212,28 @@ def test_registrations_per_round_are_bounded_and_the_rest_follow(store: Store, t
         r.settle(backend.snapshot())
         counts.append(len(store.list_jobs()))
     assert counts == [10, 20, 25, 25]
+
+
+def test_fair_shares_split_a_budget_between_users_whatever_their_volume() -> None:
+    assert fair_shares({"a": 10_000, "b": 1}, 500) == {"a": 499, "b": 1}
+    assert fair_shares({"a": 10_000, "b": 300, "c": 50}, 500) == {"a": 225, "b": 225, "c": 50}
+    assert fair_shares({"a": 3, "b": 2}, 500) == {"a": 3, "b": 2}
+    assert fair_shares({}, 500) == {}
+    # A budget too small to split turns round: every user is reached.
+    assert [fair_shares({"a": 9, "b": 9, "c": 9}, 1, turn) for turn in range(3)] == [
+        {"a": 1, "b": 0, "c": 0}, {"a": 0, "b": 1, "c": 0}, {"a": 0, "b": 0, "c": 1}
+    ]
+
+
+def test_another_users_new_job_is_registered_in_the_first_round_behind_a_huge_array(
+    store: Store, tmp_path: Path
+) -> None:
+    """10,000 waiting tasks of user A, submitted first; user B's one job, submitted after: B's job is
+    registered in the first round, A's tasks take the rest of the budget."""
+    t0 = time.time() - 600
+    tasks = [replace(sjob(f"7_{t}", user="a", submit=t0), array_id="7") for t in range(10_000)]
+    backend = FakeBackend([*tasks, sjob("8", user="b", submit=t0 + 30)])
+    r = Reconciler(backend, store, partitions=("gpu",), jobs_root=tmp_path, clock=time.time)
+    r.settle(backend.snapshot())
+    users = Counter(rec.user for rec in store.list_jobs())
+    assert store.get_job("8") is not None and users == {"a": MAX_REGISTRATIONS - 1, "b": 1}

@@ -229,9 +229,12 @@ def test_metrics_follow_the_loop(tmp_path: Path) -> None:
 def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
     from dataclasses import dataclass
 
-    from slurm_gandiva.controller.observer import finishing_jobs
+    from slurm_gandiva.controller.claims import says_done
     from slurm_gandiva.model import Job, JobSpec, JobState
     from slurm_gandiva.selector.round import spare_finishing
+
+    def finishing_jobs(progress: dict[str, P]) -> frozenset[str]:
+        return frozenset(jid for jid, p in progress.items() if says_done(p))
 
     @dataclass(frozen=True)
     class P:
@@ -241,6 +244,7 @@ def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
         world_size: int = 1
         updated: float = 0.0
         state: str = "running"
+        started: float | None = None
 
     g0, g1 = Placement((GpuRef("n1", 0),)), Placement((GpuRef("n1", 1),))
     jobs = (
@@ -252,10 +256,10 @@ def test_finishing_jobs_are_not_stopped_nor_their_gpus_given_away() -> None:
     view = ClusterView(TOPO, jobs, 0.0)
     plan = Plan((Decision(Action.SUSPEND, "1"), Decision(Action.SUSPEND, "2"),
                  Decision(Action.START, "3", g0), Decision(Action.START, "4", g1)))
-    out, spared = spare_finishing(plan, view, finishing_jobs({"1": P(960, 960), "2": P(100, 960)}))  # type: ignore[dict-item]
+    out, spared = spare_finishing(plan, view, finishing_jobs({"1": P(960, 960), "2": P(100, 960)}))
     assert [(d.action, d.job_id) for d in out.decisions] == [(Action.SUSPEND, "2"), (Action.START, "4")]
     assert spared == ("1",)
-    assert spare_finishing(plan, view, finishing_jobs({"1": P(5, None, state="done")}))[0].for_job("3") is None  # type: ignore[dict-item]
+    assert spare_finishing(plan, view, finishing_jobs({"1": P(5, None, state="done")}))[0].for_job("3") is None
     assert spare_finishing(plan, view, finishing_jobs({}))[0] is plan
 
 

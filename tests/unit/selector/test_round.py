@@ -9,7 +9,7 @@ import pytest
 
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Placement, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
-from slurm_gandiva.selector.round import Member, RoundInputs, run_round
+from slurm_gandiva.selector.round import FINISH_MARGIN_S, Claim, Member, RoundInputs, run_round, spared_until
 from slurm_gandiva.sim.engine import Overheads, SimConfig, Simulator
 from slurm_gandiva.sim.trace import Trace, TraceJob
 
@@ -50,14 +50,32 @@ def test_the_rules_apply_in_order_and_say_what_they_kept_back() -> None:
         Decision(Action.MIGRATE, "failed", gpu(2)),  # backed off until 60
     ))
     policy = Fixed(decided)
-    out = run_round(policy, view, RoundInputs(finishing={"done"}, backoff={"failed": 60.0, "old": 10.0}))
+    done = {"done": Claim(45.0, 45.0)}  # seen 5 s ago: still spared
+    out = run_round(policy, view, RoundInputs(finishing=done, backoff={"failed": 60.0, "old": 10.0}))
     assert policy.seen == [50.0] and out.decided is decided
     assert out.plan == Plan() and (out.spared, out.throttled, out.held_back) == (("done",), ("a1",), ("failed",))
     # The cluster's own count of a group (Slurm still counts a0 while it stops) wins over the view's.
     members = {"a0": Member("a", 1, False), "a1": Member("a", 1, False)}
-    out = run_round(policy, view, RoundInputs(finishing={"done"}, backoff={"failed": 50.0}, members=members))
+    out = run_round(policy, view, RoundInputs(finishing=done, backoff={"failed": 50.0}, members=members))
     assert {d.job_id for d in out.plan.decisions} == {"a1", "failed"} and out.spared == ("done",)
     assert run_round(policy, view, RoundInputs(members={})).plan is decided
+
+
+def test_a_claim_of_finishing_spares_a_job_for_a_bounded_time_then_it_is_stopped() -> None:
+    """A job that says it is done is spared from the first round that saw it: its measured finish plus
+    a margin, at most one quantum; after that, the plan's stop goes ahead (same rule in controller and
+    simulator)."""
+    jobs = (Job(JobSpec("liar", "u", 1, 1, 0.0), JobState.RUNNING, gpu(0)), Job(JobSpec("new", "u", 1, 1, 1.0)))
+    decided = Plan((Decision(Action.SUSPEND, "liar"), Decision(Action.START, "new", gpu(0))))
+    claim = Claim(since=100.0, eta=100.0)
+    assert spared_until(claim, 60.0) == 100.0 + FINISH_MARGIN_S  # done already: the margin to exit
+    assert spared_until(claim, 10.0) == 110.0  # never more than a quantum
+    assert spared_until(Claim(100.0, 115.0), 60.0) == 115.0 + FINISH_MARGIN_S  # its measured finish, then the margin
+    assert spared_until(Claim(100.0, 1e9), 60.0) == 160.0  # a far finish: one quantum
+    for now, stopped in ((100.0, False), (129.0, False), (130.0, True), (500.0, True)):
+        out = run_round(Fixed(decided), ClusterView(TOPO, jobs, now), RoundInputs({"liar": claim}, quantum=60.0))
+        assert (out.plan is decided) is stopped, now
+        assert out.spared == (() if stopped else ("liar",)) and out.overdue == (("liar",) if stopped else ())
 
 
 class Bully:
