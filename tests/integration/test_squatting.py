@@ -114,6 +114,11 @@ def test_nothing_planted_cancels_changes_or_downgrades_a_job(
         assert proc.returncode == 0, proc.stderr
         evil = proc.stdout.strip().split(";")[0]
         try:
+            # job_submit.lua knows the new mark: its owner can neither re-point nor release it
+            for change in (["comment=gandiva"], ["priority=1"]):
+                upd = run_as(b, ["scontrol", "update", f"jobid={evil}", *change], cluster.env)
+                assert upd.returncode != 0, upd.stdout
+            assert slurm.job(evil).comment == job_comment(private)
             got = wait_for(lambda: (r := _squeue_reason(cluster, b, e, evil)) and "not to the job's user" in r and r,
                            60, "B's job's REASON")
             assert private in got, got
