@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, TextIO
 
 from slurm_gandiva.errors import ConfigError, GandivaError
 from slurm_gandiva.requeue.contract import JobFiles, Progress, read_progress
-from slurm_gandiva.requeue.spec import ensure_spec_dir
 
 if TYPE_CHECKING:
     from slurm_gandiva.devcluster.cluster import DevCluster
@@ -421,7 +420,6 @@ class Demo:
         controller: subprocess.Popen[bytes] | None = None
         try:
             ensure_user(self.user)
-            ensure_spec_dir(cluster.jobs_dir)  # as root, so no user owns the directory of everyone's specs
             controller = self._start_controller(cluster)
             return self._drive(cluster, controller, script)
         finally:

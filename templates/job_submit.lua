@@ -1,7 +1,8 @@
 --[[
 slurm-gandiva job_submit plugin (JobSubmitPlugins=lua, installed beside slurm.conf).
 
-Jobs whose comment is the controller's mark ("gandiva") belong to the controller:
+Jobs whose comment is the controller's mark ("gandiva", or "gandiva:<private directory>" as gandiva sbatch
+writes it) belong to the controller:
   * at submission they are held (priority 0) until the controller places and releases them;
   * afterwards nobody but root / SlurmUser may modify them (release, gres, nodelist, ...),
     so a user cannot jump the controller's queue. The owner may still cancel them, and a job's own
@@ -10,15 +11,19 @@ Jobs whose comment is the controller's mark ("gandiva") belong to the controller
 
 local MARK = "gandiva"
 
+local function marked(comment)
+   return comment ~= nil and (comment == MARK or string.sub(comment, 1, #MARK + 1) == MARK .. ":")
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
-   if job_desc.comment == MARK then
+   if marked(job_desc.comment) then
       job_desc.priority = 0
    end
    return slurm.SUCCESS
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-   if modify_uid ~= 0 and job_rec ~= nil and job_rec.comment == MARK then
+   if modify_uid ~= 0 and job_rec ~= nil and marked(job_rec.comment) then
       -- Slurm 22.05 discards slurm.log_user() in job_modify, so the reason goes to slurmctld's log;
       -- the user sees "Access/permission denied" (or "Unspecified error" where that code is unknown).
       slurm.log_info("gandiva: refused uid %u's change to job %u: the gandiva controller manages it",

@@ -57,6 +57,7 @@ def backend_line(backend: SlurmBackend) -> str:
 def cmd_controller(args: argparse.Namespace) -> int:
     from slurm_gandiva.config import check_privilege, load_config
     from slurm_gandiva.controller.service import Controller, check_config
+    from slurm_gandiva.requeue.namespace import old_layout_note
     from slurm_gandiva.slurm import make_backend
     from slurm_gandiva.store import Store
 
@@ -71,6 +72,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
             f"{cfg.source}: ok (policy {cfg.policy}, quantum {cfg.quantum:g} s, {len(checked.topology.nodes)} "
             f"nodes, {parts}, {checked.database}, runs as {user}); {backend_line(backend)}"
         )
+        note = old_layout_note(cfg.job_root)
+        if note is not None:
+            print(f"{cfg.source}: {note}")
         return 0
     _logging_to_stderr()
     env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf is not None else None
@@ -128,6 +132,7 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
     from slurm_gandiva.controller.observe import held_placement, is_managed, slurm_state
     from slurm_gandiva.errors import JobFileError
     from slurm_gandiva.requeue.contract import JobFiles
+    from slurm_gandiva.requeue.namespace import job_paths
     from slurm_gandiva.requeue.safe_read import owner_uids, read_job_progress
 
     snap = backend.snapshot()
@@ -140,9 +145,12 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
         state = slurm_state(sj, slices)
         placement = held_placement(sj) if sj.running else None
         rates = store.rates(sj.job_id)
-        root = Path(rec.state_dir) if rec and rec.state_dir else cfg.job_root / sj.job_id
         reason = ""
         try:  # the job's own file: never follow a link or wait on a FIFO there (squeue may run as root)
+            if rec and rec.state_dir:
+                root = Path(rec.state_dir)
+            else:
+                root = job_paths(cfg.job_root, sj.job_id, sj.comment, sj.user).state_dir
             prog = read_job_progress(JobFiles(root).progress, owner=sj.user)
         except JobFileError as exc:
             prog = None
@@ -191,9 +199,14 @@ def _registration_refusal(cfg: Any, sj: Any, nodes: Any) -> str:
     """Why the controller does not take a held job on (its spec asks for more than the cluster has), as
     registration decides it (reconcile.spec_refusal); "" when it would, or there is no spec yet."""
     from slurm_gandiva.controller.reconcile import spec_refusal
-    from slurm_gandiva.requeue.spec import read_spec
+    from slurm_gandiva.errors import JobFileError
+    from slurm_gandiva.requeue.namespace import job_paths
+    from slurm_gandiva.requeue.spec import load_spec_file
 
-    spec = read_spec(cfg.job_root, sj.job_id, owner=sj.user)
+    try:
+        spec = load_spec_file(job_paths(cfg.job_root, sj.job_id, sj.comment, sj.user).spec, sj.job_id, sj.user)
+    except JobFileError:
+        return ""
     if spec is None:
         return ""
     return spec_refusal(spec.min_gpus, spec.max_gpus, sj.partition, nodes) or ""

@@ -26,7 +26,7 @@ from slurm_gandiva.model import (
     Trial,
     TrialKind,
 )
-from slurm_gandiva.requeue.contract import JOB_MARK
+from slurm_gandiva.requeue.namespace import is_marked
 from slurm_gandiva.selector.round import Claim
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot
 from slurm_gandiva.slurm.gres import Gres, gpu_index, parse_gres
@@ -70,9 +70,10 @@ ProgressReader = Callable[[Path, str], "ProgressLike | None"]  # (progress.json,
 
 
 def is_managed(job: SlurmJob, partitions: Iterable[str]) -> bool:
-    """A job the controller owns: marked with the gandiva comment, in a managed partition."""
+    """A job the controller owns: marked with the gandiva comment (`gandiva` or `gandiva:<private dir>`),
+    in a managed partition."""
     parts = tuple(partitions)
-    if job.comment.strip() != JOB_MARK:
+    if not is_marked(job.comment):
         return False
     if not parts:
         return True

@@ -24,9 +24,10 @@ from slurm_gandiva.errors import GandivaError, JobFileError
 from slurm_gandiva.model import GpuRef, JobState, Placement, placeable
 from slurm_gandiva.plan import Action
 from slurm_gandiva.requeue.contract import JobFiles, suspend_signal
+from slurm_gandiva.requeue.namespace import JobPaths, job_paths
 from slurm_gandiva.requeue.operations import Operations, Outcome, Phase, phase
 from slurm_gandiva.requeue.safe_read import MAX_TAIL_BYTES, read_job_outcome, read_job_text
-from slurm_gandiva.requeue.spec import fallback_spec, load_spec
+from slurm_gandiva.requeue.spec import fallback_spec, load_spec_file
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob, SlurmNode, Snapshot
 from slurm_gandiva.slurm.gres import gres_gpu_count
 from slurm_gandiva.store.api import DecisionRecord, JobRecord, SliceEnd, SliceRecord, StoreApi
@@ -233,12 +234,16 @@ class Reconciler:
         return held
 
     def _register(self, sj: SlurmJob, now: float, out: list[Finding]) -> JobRecord | None:
+        paths: JobPaths | None = None
         try:
-            spec = load_spec(self.jobs_root, sj.job_id, owner=sj.user)
+            paths = job_paths(self.jobs_root, sj.job_id, sj.comment, sj.user)
+            spec = load_spec_file(paths.spec, sj.job_id, owner=sj.user)
         except JobFileError as exc:
             if self._refused_specs.get(sj.job_id) != str(exc):
                 self._refused_specs[sj.job_id] = str(exc)
                 self._note(out, "spec-refused", sj.job_id, str(exc))
+            if paths is None:
+                return None  # its directory is refused: it waits, held, with the reason (scancel ends it)
             spec = None
         asked = spec.signal if spec is not None else ""
         if spec is None:
@@ -260,7 +265,7 @@ class Reconciler:
             at=now,
             state=JobState.QUEUED,
             partition=sj.partition,
-            state_dir=str(self.jobs_root / sj.job_id),
+            state_dir=str(paths.state_dir),
             signal=self._job_signal(sj, asked, out),
         )
         self._note(out, "registered", sj.job_id, f"{job_spec.min_gpus}:{job_spec.max_gpus} GPUs, user {sj.user}")

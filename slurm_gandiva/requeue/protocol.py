@@ -36,6 +36,7 @@ from slurm_gandiva.errors import (
 from slurm_gandiva.model import Placement
 from slurm_gandiva.requeue.contract import JobFiles
 from slurm_gandiva.requeue.gres_plan import check_placement, gres_kind, gres_refusal, node_fields, plan_gres
+from slurm_gandiva.requeue.namespace import job_paths
 from slurm_gandiva.requeue.operations import (
     Journal,
     Op,
@@ -142,7 +143,7 @@ class RequeueProtocol:
 
     Must run as root / SlurmUser (admin holds, updates of other users' jobs). A job is stopped with the signal
     its operation names (the one it catches), else with `signal_name`. `jobs_root` is the directory
-    that holds each job's state directory (<jobs_root>/<job id>); with it, suspend also checks the wrapper's
+    that holds each job's state directory (see `namespace.job_paths`); with it, suspend also checks the wrapper's
     status.json. `clock` and `sleep` are injected (monotonic seconds); `wall` is the wall clock Slurm's
     job credentials are dated by.
 
@@ -196,8 +197,14 @@ class RequeueProtocol:
         """Where `job` is in the cycle (see `Phase`)."""
         return phase(job)
 
-    def files(self, job_id: str) -> JobFiles | None:
-        return JobFiles(self.jobs_root / job_id) if self.jobs_root is not None else None
+    def files(self, job: SlurmJob) -> JobFiles | None:
+        """The job's files, where its comment says (`namespace.job_paths`); None when refused or unknown."""
+        if self.jobs_root is None:
+            return None
+        try:
+            return JobFiles(job_paths(self.jobs_root, job.job_id, job.comment, job.user).state_dir)
+        except JobFileError:
+            return None
 
     def _wait(
         self,
@@ -242,7 +249,7 @@ class RequeueProtocol:
         outcome = Outcome.SUSPENDED
         # An incarnation stops now (or just did: the wrapper requeue-held itself) on these nodes.
         stops = frozenset(job.nodes) if ph in (Phase.RUNNING, Phase.STOPPING, Phase.REQUEUED) else None
-        files = self.files(job_id)
+        files = self.files(job)
         before = _file_id(files.status) if files is not None else None
         signalled = False
         if ph is Phase.RUNNING:

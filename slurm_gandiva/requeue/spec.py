@@ -4,20 +4,21 @@ How the controller learns what a user asked for (elastic GPU range, model, total
 first run:
 
 1. `gandiva sbatch` submits the job HELD (`--hold`; the cluster's job_submit.lua holds marked jobs too),
-   marked `--comment=gandiva`, on one node, WITHOUT ``--gres``. Before each start the controller sets the
+   marked `--comment=gandiva:<private>`, on one node, WITHOUT ``--gres``. Before each start the controller sets the
    node list and per-GPU typed gres (``gpu:g0:1,gpu:g2:1`` whole, ``shard:g0:1,...`` packed); a job that
    has no gres yet may get either kind (Slurm 22.05 cannot switch a job between gpu and shard later).
-2. Right after sbatch returns the job id, the submitter writes ``<jobs root>/spec/<job id>.json``
-   atomically (temporary file + rename), as the submitting user. ``<jobs root>/spec`` is a
-   world-writable sticky directory (mode 1777) like ``<jobs root>`` itself.
+2. Right after sbatch returns the job id, the submitter writes ``<private>/<job id>.json`` atomically
+   (temporary file + rename), as the submitting user, in the submission's private directory under the
+   jobs root, which the job's comment ``gandiva:<private>`` names (see `requeue.namespace`). Jobs marked
+   plain ``gandiva`` (the old layout) have theirs in the shared ``<jobs root>/spec/<job id>.json``.
 3. The same JSON is embedded in the batch script as one line ``# gandiva-spec: {...}`` (see
    `spec_from_script`), so the spec also travels with the job inside Slurm.
 
-The controller calls `load_spec(jobs_root, job_id, owner=job.user)`. It returns None while the file is
-missing (the job is held, so nothing is lost by waiting a tick); for a marked job that has no spec after a
-grace period (plain `sbatch` of a script that calls gandiva-wrapper), use `fallback_spec`, which makes a
-rigid job from the GPU count Slurm reports. A spec file not owned by the job's user (or root) is ignored:
-another user could pre-create a file for a job id that does not exist yet.
+The controller calls `load_spec_file(namespace.job_paths(...).spec, job_id, owner=job.user)`. It returns
+None while the file is missing (the job is held, so nothing is lost by waiting a tick); for a marked job
+that has no spec after a grace period (plain `sbatch` of a script that calls gandiva-wrapper), use
+`fallback_spec`, which makes a rigid job from the GPU count Slurm reports. A spec file not owned by the
+job's user (or root) is refused: another user could pre-create a file for a job id that does not exist yet.
 
 File format (version 1), all keys always present::
 
@@ -144,10 +145,16 @@ def spec_dir(jobs_root: str | os.PathLike[str]) -> Path:
     return Path(jobs_root) / SPEC_DIR
 
 
-def spec_path(jobs_root: str | os.PathLike[str], job_id: str) -> Path:
+def spec_file(directory: str | os.PathLike[str], job_id: str) -> Path:
+    """`<directory>/<job id>.json`; ValueError for a job id that is not Slurm's (digits, ARRAY_TASK)."""
     if not _JOB_ID.match(job_id):
         raise ValueError(f"bad job id {job_id!r}")
-    return spec_dir(jobs_root) / f"{job_id}.json"
+    return Path(directory) / f"{job_id}.json"
+
+
+def spec_path(jobs_root: str | os.PathLike[str], job_id: str) -> Path:
+    """The old shared layout's spec file, `<jobs root>/spec/<job id>.json`."""
+    return spec_file(spec_dir(jobs_root), job_id)
 
 
 def ensure_spec_dir(jobs_root: str | os.PathLike[str]) -> Path:
@@ -177,10 +184,16 @@ def write_specs(jobs_root: str | os.PathLike[str], specs: Iterable[SubmitSpec]) 
     """Write many spec files (a job array's tasks) as `write_spec` does, but with one fsync of the spec
     directory instead of two per file: 10,000 of them take about a second, not minutes. A crash before the
     directory's fsync may lose specs of a job that is still held (the controller then waits for them)."""
-    d = ensure_spec_dir(jobs_root)
+    write_specs_in(ensure_spec_dir(jobs_root), specs)
+
+
+def write_specs_in(directory: str | os.PathLike[str], specs: Iterable[SubmitSpec], *, durable: bool = False) -> None:
+    """Write spec files `<directory>/<job id>.json` (a submission's private directory), then one fsync of
+    the directory; `durable` fsyncs each file too (a single job's spec)."""
     for spec in specs:
-        write_atomic(spec_path(jobs_root, spec.job_id), spec.to_json() + "\n", mode=SPEC_MODE)
-    fsync_dir(d)
+        write_atomic(spec_file(directory, spec.job_id), spec.to_json() + "\n", mode=SPEC_MODE, durable=durable)
+    if not durable:  # each durable write fsynced the directory already
+        fsync_dir(directory)
 
 
 def load_spec(jobs_root: str | os.PathLike[str], job_id: str, owner: str | None = None) -> SubmitSpec | None:
@@ -191,6 +204,12 @@ def load_spec(jobs_root: str | os.PathLike[str], job_id: str, owner: str | None 
         path = spec_path(jobs_root, job_id)
     except ValueError as exc:
         raise JobFileError(f"{exc}: a spec is named after its Slurm job id") from None
+    return load_spec_file(path, job_id, owner)
+
+
+def load_spec_file(path: str | os.PathLike[str], job_id: str, owner: str | None = None) -> SubmitSpec | None:
+    """`load_spec` of the spec file at `path` (the job's private directory's, see requeue.namespace)."""
+    path = Path(path)
     text = read_job_text(path, owner=owner)
     if text is None:
         return None

@@ -10,6 +10,7 @@ Where things are found (first that applies):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pwd
 import sys
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, TextIO
 from slurm_gandiva.errors import BadRequest, ConfigError, GandivaError
 from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.contract import JOB_MARK, StateDirError, ensure_state_dir
-from slurm_gandiva.requeue.spec import SubmitSpec, write_spec, write_specs
+from slurm_gandiva.requeue.namespace import job_comment, make_private_dir
+from slurm_gandiva.requeue.spec import SubmitSpec, write_specs_in
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmNode, SubmitRequest
 from slurm_gandiva.slurm.gres import gres_gpu_count
 from slurm_gandiva.submit.request import (
@@ -134,15 +136,16 @@ def limits_from(topology: Topology | None, nodes: Sequence[SlurmNode]) -> Cluste
                          node_cpus={n.name: n.cpus for n in nodes}, node_memory={n.name: n.memory for n in nodes})
 
 
-def sbatch_options(req: SbatchRequest, name: str) -> list[str]:
-    """The full sbatch option list: the user's pass-through options, then the ones gandiva always sets."""
+def sbatch_options(req: SbatchRequest, name: str, comment: str = JOB_MARK) -> list[str]:
+    """The full sbatch option list: the user's pass-through options, then the ones gandiva always sets
+    (`comment`: the mark, `gandiva:<private directory>`)."""
     opts = list(req.sbatch_options)
     if req.job_name is None:
         opts.append(f"--job-name={name}")
     if req.array is not None:
         opts.append(f"--array={req.array}")
     opts += [
-        f"--comment={JOB_MARK}",
+        f"--comment={comment}",
         "--hold",
         "--requeue",
         "--open-mode=append",
@@ -180,10 +183,11 @@ def submit(
     is a managed job of its own with its own state directory and spec, made here without a Slurm call per
     task; the array's id is returned.
 
-    Nothing reaches Slurm unless validation passed. The state directory <jobs root>/<job id> is made mode
-    0700 by the submitting user while the job is held; one that exists and belongs to another user (planted
-    in the world-writable jobs root) or that others can write is refused, and so is a spec that cannot be
-    written: the job is cancelled, one line says why.
+    Nothing reaches Slurm unless validation passed. First a private directory is made under the jobs root
+    (`namespace.make_private_dir`: exclusive, unguessable, 0700, the user's), named in the job's comment;
+    the state directory <private>/<job id> (0700) and the spec <private>/<job id>.json go in it, so
+    nothing another user plants in the jobs root is in their way. A state directory or spec that still
+    cannot be made cancels the job, one line says why.
     """
     from slurm_gandiva.submit.render import render_script, signal_name
 
@@ -214,8 +218,21 @@ def submit(
         submitted=now(),
         command=req.command,
     )
-    script = render_script(spec, str(paths.jobs_root))
-    job_id = backend.submit(SubmitRequest(script=script, options=tuple(sbatch_options(req, name))))
+    try:
+        private = make_private_dir(paths.jobs_root, user)
+    except OSError as exc:
+        raise BadRequest(
+            f"cannot create a job directory in {paths.jobs_root} ({exc.strerror or exc}): check that the jobs "
+            "root is writable (mode 1777)"
+        ) from None
+    script = render_script(spec, str(private))
+    options = tuple(sbatch_options(req, name, job_comment(private.name)))
+    try:
+        job_id = backend.submit(SubmitRequest(script=script, options=options))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            private.rmdir()
+        raise
 
     def cancel() -> None:
         try:
@@ -227,20 +244,17 @@ def submit(
     what = f"job array {job_id} (all {len(ids)} tasks)" if tasks is not None else f"job {job_id}"
     try:
         for jid in ids:
-            ensure_state_dir(paths.jobs_root / jid)
+            ensure_state_dir(private / jid)
     except StateDirError as exc:
         cancel()
         raise BadRequest(f"{exc}; {what} was cancelled") from None
     try:
-        if tasks is None:
-            write_spec(paths.jobs_root, spec.with_job_id(job_id))
-        else:
-            write_specs(paths.jobs_root, (spec.with_job_id(jid) for jid in ids))
+        write_specs_in(private, (spec.with_job_id(jid) for jid in ids), durable=tasks is None)
     except OSError as exc:
         cancel()
         raise BadRequest(
-            f"could not write the job spec under {paths.jobs_root} ({exc.strerror}); {what} was "
-            "cancelled: check that the jobs root is writable (mode 1777)"
+            f"could not write the job spec in {private} ({exc.strerror}); {what} was cancelled: check the "
+            "jobs root's filesystem (full? read-only?)"
         ) from None
     return job_id
 

@@ -24,6 +24,7 @@ import pytest
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import GpuRef
+from slurm_gandiva.requeue.namespace import private_name
 from slurm_gandiva.slurm.base import SlurmBackend
 from slurm_gandiva.store import SliceEnd
 from tests.helpers import run_as
@@ -125,10 +126,11 @@ def test_array_tasks_are_time_sliced_throttled_and_cancelled_one_by_one(
     assert array.isdigit(), proc.stdout
     tasks = [f"{array}_{t}" for t in range(TASKS)]
     env.jobs.extend(tasks)
-    for jid in tasks:  # one state directory (0700, the user's) and one spec per task
-        d = jobs_dir / jid
+    private = jobs_dir / str(private_name(slurm.job(tasks[0]).comment))  # the array's private directory
+    for jid in tasks:  # one state directory (0700, the user's) and one spec per task, in it
+        d = private / jid
         assert d.is_dir() and (d.stat().st_mode & 0o777) == 0o700
-        assert (jobs_dir / "spec" / f"{jid}.json").is_file()
+        assert (private / f"{jid}.json").is_file()
 
     def slurm_states() -> dict[str, str]:
         return {j.job_id: j.state for j in slurm.jobs() if j.array_id == array}

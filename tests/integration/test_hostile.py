@@ -26,6 +26,7 @@ import pytest
 
 from job_wrapper import checkpoint as ckpt
 from slurm_gandiva.devcluster.cluster import DevCluster
+from slurm_gandiva.requeue.namespace import is_marked, private_name
 from slurm_gandiva.slurm.base import SlurmBackend
 from tests.helpers import TEST_USER, ensure_user, run_as
 from tests.integration.test_controller import GANDIVA, TRAIN, WRAPPER, Env, make_env, wait_for
@@ -85,6 +86,13 @@ def plant(cluster: DevCluster, user: str, job_id: int, checkpoint: bytes) -> Pat
     return d
 
 
+def state_dir(cluster: DevCluster, slurm: SlurmBackend, jid: str) -> Path:
+    """A `gandiva sbatch` job's state directory: in the private directory its comment names."""
+    name = private_name(slurm.job(jid).comment)
+    assert name, slurm.job(jid).comment
+    return cluster.jobs_dir / name / jid
+
+
 def foreign_checkpoint(job_id: str) -> bytes:
     """A complete, verified checkpoint that names another job."""
     return ckpt.encode({"format": 1, "job": {"job_id": job_id, "submitted": "1.000000"}, "step": 5})
@@ -116,11 +124,12 @@ def test_a_planted_directory_or_checkpoint_is_never_resumed(
     first = next_job_id(cluster, b)
     for k in range(first, first + 3):
         plant(cluster, b, k, foreign_checkpoint(str(k)))
+    # Since issue 29 A's job lives in a private directory of its own: B's plants are not in its way.
     proc = gsbatch(cluster, a, "--", "true")
-    line = _one_line(proc.stderr)
-    assert proc.returncode != 0 and f"belongs to {b}" in line and f"job {first} was cancelled" in line, line
+    assert proc.returncode == 0 and proc.stdout.strip() == str(first), proc.stderr
     cleanup.append(str(first))
-    assert wait_for(lambda: _finished(slurm, str(first)), 60, "the refused job to end") == "CANCELLED"
+    assert state_dir(cluster, slurm, str(first)).is_dir() and _state(slurm, str(first)) == "PENDING"
+    slurm.cancel(str(first))
 
     # 2. A plain sbatch job whose script runs the wrapper (mkdir -p, as before): the wrapper refuses.
     script = (f'#!/bin/bash\nexport GANDIVA_STATE_DIR={cluster.jobs_dir}/"$SLURM_JOB_ID"\n'
@@ -143,7 +152,7 @@ def test_a_planted_directory_or_checkpoint_is_never_resumed(
     assert proc.returncode == 0, proc.stderr
     jid = proc.stdout.strip().split(";")[0]
     cleanup.append(jid)
-    d = cluster.jobs_dir / jid
+    d = state_dir(cluster, slurm, jid)
     st = d.stat()
     assert st.st_mode & 0o777 == 0o700 and st.st_uid == int(run_as(a, ["id", "-u"]).stdout)
     (d / "checkpoint.pt").write_bytes(foreign_checkpoint("999"))  # as root: however it got there
@@ -263,7 +272,7 @@ def test_bad_progress_files_and_a_second_controller(
     a, b = users
     cluster = slurm_cluster
     for j in slurm.jobs():  # leftovers would join this controller's workload
-        if j.comment == "gandiva" and not j.finished:
+        if is_marked(j.comment) and not j.finished:
             with contextlib.suppress(Exception):
                 slurm.cancel(j.job_id)
     e = _env(cluster, slurm, ctl_dir, "controller")
@@ -282,7 +291,7 @@ def test_bad_progress_files_and_a_second_controller(
         ja = proc.stdout.strip()
         cleanup.append(ja)
         wait_for(lambda: _state(slurm, ja) == "RUNNING", 90, "A's job to run")
-        progress = cluster.jobs_dir / ja / "progress.json"
+        progress = state_dir(cluster, slurm, ja) / "progress.json"
 
         def squeue_reason() -> str:
             sq = run_as(a, [GANDIVA, "squeue", "--json", "--config", str(e.conf)], cluster.env)

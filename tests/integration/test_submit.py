@@ -12,7 +12,8 @@ import pytest
 from job_wrapper.progress import read_events
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.requeue.contract import JobFiles, read_progress
-from slurm_gandiva.requeue.spec import read_spec, spec_from_script, spec_path
+from slurm_gandiva.requeue.namespace import job_paths, private_name
+from slurm_gandiva.requeue.spec import load_spec_file, spec_from_script
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from tests.helpers import run_as, wait_for
 
@@ -43,14 +44,16 @@ def test_sbatch_as_user_creates_a_held_marked_job(
     cleanup_jobs.append(job_id)
     job = slurm.job(job_id)
     assert job.user == test_user
-    assert job.comment == "gandiva"
+    private = private_name(job.comment)  # gandiva:<user>.<random>, the submission's private directory
+    assert private is not None and private.startswith(f"{test_user}.")
+    paths = job_paths(slurm_cluster.jobs_dir, job_id, job.comment, test_user)
     assert job.pending and job.hold is not HoldKind.NONE
     assert "gpu" not in job.tres_per_node and "shard" not in job.tres_per_node  # no gres until placed
     assert job.name == "h8-submit"
     # the spec file: written by the user, readable by the controller
-    path = spec_path(slurm_cluster.jobs_dir, job_id)
+    path = paths.spec
     assert path.stat().st_uid == int(run_as(test_user, ["id", "-u"]).stdout)
-    spec = read_spec(slurm_cluster.jobs_dir, job_id, owner=test_user)
+    spec = load_spec_file(path, job_id, owner=test_user)
     assert spec is not None
     assert (spec.min_gpus, spec.max_gpus, spec.model, spec.total_samples) == (1, 2, "demo", 640)
     assert spec.command == ("/bin/echo", NASTY_ARG)
@@ -61,7 +64,7 @@ def test_sbatch_as_user_creates_a_held_marked_job(
     ).stdout
     embedded = spec_from_script(script)
     assert embedded is not None and embedded.with_job_id(job_id) == spec
-    assert f'export GANDIVA_STATE_DIR={slurm_cluster.jobs_dir}/"$SLURM_JOB_ID"' in script
+    assert f'export GANDIVA_STATE_DIR={slurm_cluster.jobs_dir / private}/"$SLURM_JOB_ID"' in script
     last = script.rstrip("\n").splitlines()[-1]
     assert last.startswith("exec ") and "gandiva-wrapper --signal USR2 -- /bin/echo " in last
     # the script, run by bash with a stand-in wrapper, hands the command over verbatim and runs nothing
@@ -100,8 +103,10 @@ def test_bad_requests_exit_nonzero_with_one_line_and_submit_nothing(
     args: list[str], needle: str,
 ) -> None:
     before = _user_job_ids(slurm, test_user)
-    spec_dir = slurm_cluster.jobs_dir / "spec"
-    specs_before = set(os.listdir(spec_dir)) if spec_dir.is_dir() else set()
+    def private_dirs() -> set[str]:
+        return {n for n in os.listdir(slurm_cluster.jobs_dir) if n.startswith(f"{test_user}.")}
+
+    dirs_before = private_dirs()
     proc = run_as(test_user, [GANDIVA, "sbatch", *args], slurm_env)
     assert proc.returncode == 2, proc.stderr  # a bad request
     err = proc.stderr.strip()
@@ -109,8 +114,7 @@ def test_bad_requests_exit_nonzero_with_one_line_and_submit_nothing(
     assert proc.stdout == ""
     # No new job: earlier tests' finished jobs may leave Slurm's list meanwhile (MinJobAge), so not `==`.
     assert not _user_job_ids(slurm, test_user) - before
-    specs_after = set(os.listdir(spec_dir)) if spec_dir.is_dir() else set()
-    assert specs_after == specs_before
+    assert private_dirs() == dirs_before  # no job directory made either
 
 
 def test_sbatch_job_starts_on_exact_gpus_then_resizes_to_another_node(
@@ -124,7 +128,7 @@ def test_sbatch_job_starts_on_exact_gpus_then_resizes_to_another_node(
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     cleanup_jobs.append(job_id)
-    files = JobFiles(slurm_cluster.jobs_dir / job_id)
+    files = JobFiles(job_paths(slurm_cluster.jobs_dir, job_id, slurm.job(job_id).comment, test_user).state_dir)
     admin = {**slurm_env, "GANDIVA_JOBS_ROOT": str(slurm_cluster.jobs_dir)}
 
     def gandiva(*argv: str) -> None:

@@ -121,3 +121,19 @@ def test_reload_validates_the_same_way_and_keeps_the_running_config(tmp_path: Pa
     assert "\n" not in e.detail
     f.write_text(conf(tmp_path, "policy.min_slice = 45\n"))
     assert ctl.reload() is True and ctl.policy.min_slice == 45.0  # type: ignore[attr-defined]
+
+
+def test_check_says_what_to_do_with_the_old_shared_spec_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("slurm_gandiva.slurm.make_backend", lambda env=None, **_kw: FakeBackend([]))
+    f = tmp_path / "gandiva.conf"
+    f.write_text(conf(tmp_path))
+    cfg = parse_config(conf(tmp_path))
+    cfg.job_root.mkdir(parents=True, exist_ok=True)
+    assert main(["controller", "--check", "--config", str(f)]) == 0
+    assert "old shared spec directory" not in capsys.readouterr().out
+    (cfg.job_root / "spec").mkdir()
+    assert main(["controller", "--check", "--config", str(f)]) == 0  # a warning: old jobs still read it
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "old shared spec directory" in x]
+    assert f"rm -r {cfg.job_root / 'spec'}" in line

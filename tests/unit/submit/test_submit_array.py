@@ -12,12 +12,14 @@ import pytest
 
 from slurm_gandiva.errors import BadRequest
 from slurm_gandiva.model import Topology
-from slurm_gandiva.requeue.spec import SubmitSpec, read_spec
+from slurm_gandiva.requeue.contract import StateDirError
+from slurm_gandiva.requeue.spec import SubmitSpec
 from slurm_gandiva.slurm.base import SlurmNode, SubmitRequest
 from slurm_gandiva.submit.cli import sbatch_options, submit
 from slurm_gandiva.submit.render import render_script
 from slurm_gandiva.submit.request import array_tasks, parse_request
 from slurm_gandiva.topology.file import write_topology
+from tests.unit.submit.test_submit_cli import private_dir, submitted_spec
 
 
 @dataclass
@@ -77,27 +79,44 @@ def test_an_array_is_one_sbatch_and_every_task_a_managed_job(cluster: dict[str, 
     assert job == "101" and len(be.submitted) == 1
     assert "--array=0-11%4" in be.submitted[0].options and "--hold" in be.submitted[0].options
     jobs = tmp_path / "jobs"
+    private = private_dir(be.submitted[0], jobs)
+    assert [p.name for p in jobs.iterdir()] == [private.name]  # one directory for the whole array
     for t in range(12):
-        d = jobs / f"101_{t}"
+        d = private / f"101_{t}"
         assert d.is_dir() and stat.S_IMODE(d.stat().st_mode) == 0o700
-        spec = read_spec(jobs, f"101_{t}", owner=None)
+        spec = submitted_spec(be.submitted[0], jobs, f"101_{t}")
         assert spec is not None and spec.job_id == f"101_{t}" and spec.user == "alice"
-    assert not (jobs / "101").exists() and read_spec(jobs, "101") is None
+    assert not (private / "101").exists() and submitted_spec(be.submitted[0], jobs, "101") is None
 
 
 def test_sbatch_array_inx_is_an_array_too(cluster: dict[str, str], tmp_path: Path) -> None:
     be = FakeBackend()
     _submit(["--", "true"], be, {**cluster, "SBATCH_ARRAY_INX": "2,5"})
     assert "--array=2,5" in be.submitted[0].options
-    assert sorted(p.name for p in (tmp_path / "jobs").iterdir() if p.name != "spec") == ["101_2", "101_5"]
+    private = private_dir(be.submitted[0], tmp_path / "jobs")
+    assert sorted(p.name for p in private.iterdir() if p.is_dir()) == ["101_2", "101_5"]
     with pytest.raises(BadRequest, match="give task ids"):
         _submit(["--", "true"], be, {**cluster, "SBATCH_ARRAY_INX": "oops"})
     assert len(be.submitted) == 1
 
 
-def test_a_failing_task_directory_cancels_the_whole_array(cluster: dict[str, str], tmp_path: Path) -> None:
-    (tmp_path / "jobs" / "101_3").mkdir(mode=0o777)  # planted, others can write it
-    (tmp_path / "jobs" / "101_3").chmod(0o777)
+def test_planted_task_directories_are_not_in_the_way(cluster: dict[str, str], tmp_path: Path) -> None:
+    for name in ("101_3", "101", "spec"):  # what another user can guess in the shared jobs root
+        (tmp_path / "jobs" / name).mkdir(mode=0o777)
+        (tmp_path / "jobs" / name).chmod(0o777)
+    be = FakeBackend()
+    assert _submit(["--array=0-3", "--", "true"], be, cluster) == "101"
+    assert be.cancelled == []
+    private = private_dir(be.submitted[0], tmp_path / "jobs")
+    assert sorted(p.name for p in private.iterdir() if p.is_dir()) == [f"101_{t}" for t in range(4)]
+
+
+def test_a_failing_task_directory_cancels_the_whole_array(cluster: dict[str, str], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(path: Path, uid: int | None = None) -> Path:
+        raise StateDirError(f"state directory {path} is not writable: chmod u+rwx {path}")
+
+    monkeypatch.setattr("slurm_gandiva.submit.cli.ensure_state_dir", refuse)
     be = FakeBackend()
     with pytest.raises(BadRequest, match=r"job array 101 \(all 4 tasks\) was cancelled") as ei:
         _submit(["--array=0-3", "--", "true"], be, cluster)
@@ -109,7 +128,8 @@ def test_ten_thousand_tasks_take_seconds(cluster: dict[str, str], tmp_path: Path
     t0 = time.monotonic()
     _submit(["--array=0-9999%100", "--", "true"], be, cluster)
     took = time.monotonic() - t0
-    assert len(list((tmp_path / "jobs" / "spec").iterdir())) == 10_000
+    private = private_dir(be.submitted[0], tmp_path / "jobs")
+    assert len(list(private.glob("*.json"))) == 10_000 and len(list(private.glob("101_*/"))) == 10_000
     assert took < 20, f"{took:.1f} s for 10,000 tasks"
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from slurm_gandiva.errors import BadRequest, ConfigError
 from slurm_gandiva.model import Topology
-from slurm_gandiva.requeue.spec import read_spec, spec_from_script
+from slurm_gandiva.requeue.namespace import private_name
+from slurm_gandiva.requeue.spec import SubmitSpec, load_spec_file, spec_file, spec_from_script
 from slurm_gandiva.slurm.base import SlurmNode, SubmitRequest
 from slurm_gandiva.submit.cli import resolve_paths, submit
 from slurm_gandiva.submit.request import parse_request
@@ -47,6 +48,18 @@ def _submit(argv: list[str], backend: FakeBackend, env: dict[str, str]) -> str:
     return submit(parse_request(argv), backend=backend, env=env, user="alice", now=lambda: 5.0)  # type: ignore[arg-type]
 
 
+def private_dir(req: SubmitRequest, jobs: Path) -> Path:
+    """The submission's private directory, as its comment `gandiva:<name>` names it."""
+    (comment,) = [o.removeprefix("--comment=") for o in req.options if o.startswith("--comment=")]
+    name = private_name(comment)
+    assert name is not None, comment
+    return jobs / name
+
+
+def submitted_spec(req: SubmitRequest, jobs: Path, job_id: str) -> SubmitSpec | None:
+    return load_spec_file(spec_file(private_dir(req, jobs), job_id), job_id, owner=None)
+
+
 def test_good_request_is_held_marked_and_spec_written(cluster: dict[str, str], tmp_path: Path) -> None:
     be = FakeBackend()
     job = _submit(
@@ -72,8 +85,8 @@ def test_good_request_is_held_marked_and_spec_written(cluster: dict[str, str], t
     assert job == "101"
     (req,) = be.submitted
     opts = list(req.options)
+    assert private_dir(req, tmp_path / "jobs").name.startswith("alice.")
     for must in (
-        "--comment=gandiva",
         "--hold",
         "--requeue",
         "--open-mode=append",
@@ -86,11 +99,11 @@ def test_good_request_is_held_marked_and_spec_written(cluster: dict[str, str], t
     # no gres at all: the controller sets typed per-GPU gres (whole or shards) before the first start
     assert not [o for o in opts if o.startswith(("--gres", "--gpus", "-G"))]
     assert req.as_user is None  # as the caller
-    jobs = tmp_path / "jobs"
-    assert f'export GANDIVA_STATE_DIR={jobs}/"$SLURM_JOB_ID"' in req.script
+    private = private_dir(req, tmp_path / "jobs")
+    assert f'export GANDIVA_STATE_DIR={private}/"$SLURM_JOB_ID"' in req.script
     assert req.script.rstrip().endswith("--signal USR2 -- python3 train.py --x")
-    spec = read_spec(jobs, "101", owner="alice")
-    assert spec is not None
+    spec = submitted_spec(req, tmp_path / "jobs", "101")
+    assert spec is not None and spec.user == "alice"
     assert (spec.min_gpus, spec.max_gpus, spec.model, spec.total_samples) == (1, 4, "bert", 640)
     assert (spec.submitted, spec.partition, spec.command) == (5.0, "gpu", ("python3", "train.py", "--x"))
     embedded = spec_from_script(req.script)
@@ -121,7 +134,7 @@ def test_bad_requests_submit_nothing(argv: list[str], cluster: dict[str, str], t
     with pytest.raises(BadRequest):
         _submit(argv, be, cluster)
     assert be.submitted == []
-    assert not (tmp_path / "jobs" / "spec").exists() or not any((tmp_path / "jobs" / "spec").iterdir())
+    assert not any((tmp_path / "jobs").iterdir())  # no private directory either
 
 
 def test_sbatch_variables_that_limit_placement_submit_nothing(cluster: dict[str, str], tmp_path: Path) -> None:
@@ -150,12 +163,26 @@ def test_without_topology_file_gpus_come_from_slurm(tmp_path: Path) -> None:
     assert _submit(["--gpus", "4", "--", "true"], be, env) == "101"
 
 
-def test_unwritable_spec_cancels_the_job(cluster: dict[str, str], tmp_path: Path) -> None:
-    (tmp_path / "jobs" / "spec").write_text("not a directory")
+def test_unwritable_spec_cancels_the_job(cluster: dict[str, str], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("slurm_gandiva.submit.cli.write_specs_in", fail)
     be = FakeBackend()
-    with pytest.raises(BadRequest, match="job 101 was cancelled"):
+    with pytest.raises(BadRequest, match=r"No space left on device.*job 101 was cancelled"):
         _submit(["--", "true"], be, cluster)
     assert be.cancelled == ["101"]
+
+
+def test_a_failed_sbatch_leaves_no_private_directory(cluster: dict[str, str], tmp_path: Path) -> None:
+    class Refusing(FakeBackend):
+        def submit(self, req: SubmitRequest) -> str:
+            raise BadRequest("sbatch: error: invalid account")
+
+    with pytest.raises(BadRequest, match="invalid account"):
+        _submit(["--", "true"], Refusing(), cluster)
+    assert not any((tmp_path / "jobs").iterdir())
 
 
 def test_missing_jobs_root_is_a_config_error(tmp_path: Path) -> None:
@@ -211,5 +238,5 @@ def test_the_controllers_signal_is_the_default(tmp_path: Path) -> None:
     assert "--signal ALRM --" in be.submitted[0].script
     _submit(["--signal", "sigurg", "--", "true"], be, env)  # the user's choice wins
     assert "--signal URG --" in be.submitted[1].script
-    spec = read_spec(tmp_path / "jobs", "101")
+    spec = submitted_spec(be.submitted[0], tmp_path / "jobs", "101")
     assert spec is not None and spec.signal == "ALRM"
