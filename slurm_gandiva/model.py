@@ -78,12 +78,19 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class Node:
-    """A compute node with its GPUs. `shards` is how many packed jobs one GPU can hold."""
+    """A compute node with its GPUs. `shards` is how many packed jobs one GPU can hold.
+
+    `cpus` and `memory_mb`: what Slurm may allocate on it (0: not counted, as in the simulator);
+    `cpus_taken` and `memory_taken_mb`: what jobs outside the view (not managed) hold there now."""
 
     name: str
     gpus: tuple[GpuInfo, ...]
     up: bool = True
     shards: int = 2
+    cpus: int = 0
+    memory_mb: int = 0
+    cpus_taken: int = 0
+    memory_taken_mb: int = 0
 
     @property
     def gpu_refs(self) -> tuple[GpuRef, ...]:
@@ -279,6 +286,9 @@ class JobSpec:
     # The group the job belongs to (a job array's id: one task of a hyper-parameter search), or None.
     # `ClusterView.group_caps` may cap how many jobs of one group run at once.
     group: str | None = None
+    # CPUs and memory (MB) it needs on each of its nodes (Slurm's MinCPUsNode / MinMemoryNode); 0: none.
+    cpus_per_node: int = 0
+    mem_per_node_mb: int = 0
 
     def __post_init__(self) -> None:
         if self.min_gpus < 1 or self.max_gpus < self.min_gpus:

@@ -187,8 +187,15 @@ def training_start(started: float, progress: ProgressLike | None, rates: Iterabl
     return max(started, min(first, started + STARTUP_GRACE_S, now))
 
 
-def topology_for(base: Topology, nodes: Iterable[SlurmNode], foreign: Mapping[str, set[int]]) -> Topology:
-    """The topology with Slurm's node health, minus GPUs that unmanaged jobs hold."""
+def topology_for(
+    base: Topology,
+    nodes: Iterable[SlurmNode],
+    foreign: Mapping[str, set[int]],
+    managed_cpus: Mapping[str, int] | None = None,
+) -> Topology:
+    """The topology with Slurm's node health, minus GPUs that unmanaged jobs hold, with each node's CPUs and
+    the CPUs unmanaged jobs hold there: Slurm's allocation less `managed_cpus` (node -> CPUs the managed
+    running jobs hold; None: CPUs are not counted)."""
     by_name = {n.name: n for n in nodes}
     out: list[Node] = []
     for n in base.nodes:
@@ -196,8 +203,22 @@ def topology_for(base: Topology, nodes: Iterable[SlurmNode], foreign: Mapping[st
         up = n.up and (sn.up if sn is not None else False)
         taken = foreign.get(n.name, set())
         gpus = tuple(g for g in n.gpus if g.ref.index not in taken)
-        out.append(Node(n.name, gpus, up=up, shards=n.shards))
+        cpus = cpus_taken = 0
+        if sn is not None and managed_cpus is not None:
+            cpus, cpus_taken = sn.cpus, max(0, sn.alloc_cpus - managed_cpus.get(n.name, 0))
+        out.append(Node(n.name, gpus, up=up, shards=n.shards, cpus=cpus, cpus_taken=cpus_taken))
     return Topology(tuple(out))
+
+
+def managed_cpus(inputs: Iterable[JobInputs]) -> dict[str, int]:
+    """Node -> the CPUs that managed jobs Slurm runs hold there (their MinCPUsNode on each of their nodes)."""
+    out: dict[str, int] = {}
+    for inp in inputs:
+        sj = inp.slurm
+        if sj.running:
+            for node in sj.nodes:
+                out[node] = out.get(node, 0) + sj.min_cpus_per_node
+    return out
 
 
 @dataclass(frozen=True)
@@ -239,6 +260,8 @@ def job_from(inp: JobInputs, topology: Topology, now: float, max_nodes: int | No
         spec = replace(spec, total_work=float(prog.total_samples))
     if spec.max_nodes != max_nodes:
         spec = replace(spec, max_nodes=max_nodes)
+    if spec.cpus_per_node != sj.min_cpus_per_node:
+        spec = replace(spec, cpus_per_node=sj.min_cpus_per_node)
     rates = rate_table(inp.rates)
     measured: float | None = None
     slice_start = open_slice.start if (open_slice and state is JobState.RUNNING) else None
@@ -301,7 +324,8 @@ def build_view(
     calls) remembers the Jobs of waiting jobs whose inputs did not change. `max_nodes`: the most nodes a
     job may span (the controller's config; None: any); a job across nodes gets the same GPUs on each, as
     Slurm's per-node gres gives them (`ClusterView.same_gpus_per_node`)."""
-    topo = topology_for(topology, nodes, foreign)
+    inputs = tuple(inputs)
+    topo = topology_for(topology, nodes, foreign, managed_cpus(inputs))
     jobs = tuple(
         sorted(
             (j for j in (_job_from(i, topo, now, memo, max_nodes) for i in inputs) if not j.state.finished),

@@ -19,7 +19,7 @@ from slurm_gandiva.selector.common import (
     slice_age,
     within_group_caps,
 )
-from slurm_gandiva.selector.placement import GpuPool, Targets, held_indices, realize
+from slurm_gandiva.selector.placement import GpuPool, Targets, held_indices, need_of, realize
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def run_round(r: Round) -> Plan:
             pool.release(hold)
             head = res.head
             p = pool.find(head, head.spec.min_gpus)
-            if p is not None and pool.book(p):
+            if p is not None and pool.book(p, head):
                 targets.set(head.job_id, p, f"{r.reason}: its turn, on GPUs kept free for it")
     final = {j.job_id: targets.placements.get(j.job_id, j.placement) for j in jobs}
     waiting: list[Job] = []  # the waiting jobs left without GPUs, then the running ones, each in order
@@ -148,7 +148,7 @@ def run_round(r: Round) -> Plan:
         p = j.placement if j.state is JobState.RUNNING else None
         if p is None or p.count != j.spec.min_gpus or not pool.can_book(p):  # stay put when it can
             p = pool.find(j, j.spec.min_gpus, held_indices(p) if p is not None else None)
-        if p is not None and pool.book(p):
+        if p is not None and pool.book(p, j):
             room.take(j)
             if p == j.placement:
                 pool.settle(p)
@@ -343,12 +343,12 @@ def _unpack_lonely(jobs: Sequence[Job], final: dict[str, Placement | None], targ
         if p is None or not p.shared or any(len(holders[g]) > 1 for g in p.gpus):
             continue
         whole = Placement(p.gpus)
-        pool.release(p)
-        if pool.book(whole):
+        pool.release(p, j)
+        if pool.book(whole, j):
             targets.set(j.job_id, whole, "unpack: alone on its GPU")
             final[j.job_id] = whole
         else:
-            pool.book(p)
+            pool.book(p, j)
 
 
 def _pack(
@@ -383,23 +383,28 @@ def _pack(
             continue
         if j.state is JobState.RUNNING or (room is not None and not room.fits(j)):
             continue
-        if slots:
-            g = slots.pop()
+        need = need_of(j)
+        slot = next((s for s in reversed(slots) if pool.fits(s.node, need)), None)
+        if slot is not None:
+            slots.remove(slot)
+            g = slot
         elif next_host < len(hosts):
             host = hosts[next_host]
-            next_host += 1
             assert host.placement is not None
+            if not pool.fits(host.placement.gpus[0].node, need):
+                continue  # its node's CPUs or memory cannot hold j as well
+            next_host += 1
             g = host.placement.gpus[0]
-            pool.release(host.placement)
+            pool.release(host.placement, host)
             shared = Placement((g,), shared=True)
-            pool.book(shared)
+            pool.book(shared, host)
             targets.set(host.job_id, shared, f"pack with {j.job_id}")
             targets.trials[host.job_id] = TrialKind.PACK
             final[host.job_id] = shared
         else:
             break
         mine = Placement((g,), shared=True)
-        if pool.book(mine):
+        if pool.book(mine, j):
             if room is not None:
                 room.take(j)
             targets.set(j.job_id, mine, "pack: shares a GPU instead of waiting")
@@ -445,19 +450,19 @@ def _migrate(
             break
         cur = j.placement
         assert cur is not None
-        pool.release(cur)
+        pool.release(cur, j)
         p = pool.find(j, cur.count, held_indices(cur))  # moved, it is requeued: Slurm keeps its indices
         if p is not None and p != cur:
             new_loc = topo.locality(p.gpus)
             gain = pool.factor(j, cur.count, new_loc) / pool.factor(j, cur.count, loc)
             if gain >= 1.0 + knobs.locality_gain:
-                pool.book(p)
+                pool.book(p, j)
                 targets.set(j.job_id, p, f"migrate: {loc.name.lower()} -> {new_loc.name.lower()}")
                 targets.trials[j.job_id] = TrialKind.MIGRATE
                 final[j.job_id] = p
                 moves += 1
                 continue
-        pool.book(cur)
+        pool.book(cur, j)
 
 
 def _locality_limits(topo: Topology) -> list[tuple[Locality, int]]:
@@ -507,12 +512,12 @@ def _grow(
             k += 1
         if k == j.gpus:
             continue
-        pool.release(cur)
+        pool.release(cur, j)
         p = pool.find(j, k, held_indices(cur))  # resized, it is requeued: Slurm keeps its indices
         if p is not None:
-            pool.book(p)
+            pool.book(p, j)
             targets.set(j.job_id, p, f"grow onto idle GPUs: {j.gpus} -> {k}")
             targets.trials[j.job_id] = TrialKind.GROW
             final[j.job_id] = p
         else:
-            pool.book(cur)
+            pool.book(cur, j)

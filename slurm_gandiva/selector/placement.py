@@ -96,6 +96,24 @@ def _pool_template(topology: Topology) -> list[tuple[str, dict[GpuRef, GpuInfo],
     return [(n.name, {g.ref: g for g in n.gpus}, n.shards) for n in topology.nodes if n.up]
 
 
+Need = tuple[int, int]  # CPUs and memory (MB) a job takes on each of its nodes
+_NO_NEED: Need = (0, 0)
+
+
+def need_of(job: Job | None) -> Need:
+    """What `job` takes on each of its nodes besides GPUs (none for None)."""
+    return _NO_NEED if job is None else (job.spec.cpus_per_node, job.spec.mem_per_node_mb)
+
+
+def _room_template(topology: Topology) -> dict[str, list[int | None]]:
+    """Up nodes whose CPUs or memory are counted -> [free CPUs or None, free MB or None] before any booking."""
+    return {
+        n.name: [n.cpus - n.cpus_taken if n.cpus else None, n.memory_mb - n.memory_taken_mb if n.memory_mb else None]
+        for n in topology.nodes
+        if n.up and (n.cpus or n.memory_mb)
+    }
+
+
 class GpuPool:
     """Which GPUs of the up nodes are free, whole or as shards, indexed for fast placement."""
 
@@ -117,7 +135,7 @@ class GpuPool:
         self._settled: set[GpuRef] = set()  # booked by jobs that stay where they run (`settle`)
         # `find` requests (GPUs, tied indices, max nodes) that found nothing since the pool last changed:
         # they find nothing again (a round asks the same of many waiting jobs).
-        self._failed: set[tuple[int, frozenset[int], int | None]] = set()
+        self._failed: set[tuple[int, frozenset[int], int | None, Need]] = set()
         self._nodes: dict[str, _NodeState] = {}
         self._shards: dict[GpuRef, int] = {}
         self._whole: set[GpuRef] = set()
@@ -136,6 +154,8 @@ class GpuPool:
             self.max_node_gpus = max(self.max_node_gpus, len(free))
             self._free_total += len(free)
             self._add_index(name, st)
+        # Free CPUs and memory of the nodes that count them (`Node.cpus`); booking a job takes its `Need`.
+        self._room = {k: list(v) for k, v in self.memo.per_topology(topology, _room_template).items()}
 
     # -- index upkeep ---------------------------------------------------------------------------
     def _add_index(self, name: str, st: _NodeState) -> None:
@@ -180,6 +200,26 @@ class GpuPool:
                 return False
         return True
 
+    def fits(self, node: str, need: Need) -> bool:
+        """Whether `node`'s free CPUs and memory (what this pool has booked taken) hold `need`."""
+        if need == _NO_NEED:
+            return True
+        room = self._room.get(node)
+        if room is None:
+            return True
+        cpus, mem = room
+        return (cpus is None or cpus >= need[0]) and (mem is None or mem >= need[1])
+
+    def _use(self, placement: Placement, need: Need, sign: int) -> None:
+        if need == _NO_NEED or not self._room:
+            return
+        for name in placement.nodes:
+            room = self._room.get(name)
+            if room is not None:
+                for i in (0, 1):
+                    if room[i] is not None:
+                        room[i] = room[i] - sign * need[i]  # type: ignore[operator]
+
     def shard_cap(self, node: str) -> int:
         """How many shard holders one GPU of `node` takes (0 for a node that is down or unknown)."""
         return self._shard_cap.get(node, 0)
@@ -189,14 +229,17 @@ class GpuPool:
         return [g for g, n in self._shards.items() if 0 < n < self._shard_cap[g.node]]
 
     # -- booking ----------------------------------------------------------------------------------
-    def book(self, placement: Placement) -> bool:
-        """Book `placement` (whole or shards); False, and nothing booked, if any GPU is unavailable."""
-        if not self.can_book(placement):
+    def book(self, placement: Placement, job: Job | None = None) -> bool:
+        """Book `placement` (whole or shards) for `job`; False, and nothing booked, if any GPU is unavailable
+        or a node's free CPUs or memory cannot hold the job (`fits`)."""
+        need = need_of(job)
+        if not self.can_book(placement) or not all(self.fits(n, need) for n in placement.nodes):
             return False
         touched = dict.fromkeys(g.node for g in placement.gpus)
         for name in touched:
             self._drop_index(name, self._nodes[name])
         self._take(placement)
+        self._use(placement, need, 1)
         for name in touched:
             self._add_index(name, self._nodes[name])
         return True
@@ -219,16 +262,18 @@ class GpuPool:
             sizes = self._nodes[name].sizes
             sizes[size] = sizes.get(size, 0) + 1
 
-    def book_many(self, placements: Sequence[Placement]) -> list[bool]:
-        """`book` each placement in turn (same answers), rebuilding the node index once at the end."""
+    def book_many(self, placements: Sequence[Placement], jobs: Sequence[Job] | None = None) -> list[bool]:
+        """`book` each placement in turn for the job at its place in `jobs`, rebuilding the node index once at
+        the end. Jobs that stay where they run: their CPUs and memory are taken even where a node seems full."""
         self._index.clear()
         self._keys.clear()
         out: list[bool] = []
-        for placement in placements:
+        for i, placement in enumerate(placements):
             if not self.can_book(placement):
                 out.append(False)
                 continue
             self._take(placement)
+            self._use(placement, need_of(jobs[i] if jobs is not None else None), 1)
             out.append(True)
         for name, st in self._nodes.items():
             self._add_index(name, st)
@@ -241,9 +286,10 @@ class GpuPool:
         self._failed.clear()
         self._settled.update(placement.gpus)
 
-    def release(self, placement: Placement) -> None:
-        """Undo `book(placement)` (and `settle`)."""
+    def release(self, placement: Placement, job: Job | None = None) -> None:
+        """Undo `book(placement, job)` (and `settle`)."""
         self._failed.clear()
+        self._use(placement, need_of(job), -1)
         self._settled.difference_update(placement.gpus)
         size = placement.count
         touched = dict.fromkeys(g.node for g in placement.gpus)
@@ -300,7 +346,8 @@ class GpuPool:
         if tied is None:
             tied = job.requeue_indices
         # Whether anything is found depends on the pool and these alone (the job only picks among them).
-        request = (gpus, tied, job.spec.max_nodes)
+        need = need_of(job)
+        request = (gpus, tied, job.spec.max_nodes, need)
         if request in self._failed:
             return None
         found = None
@@ -317,6 +364,7 @@ class GpuPool:
         if gpus <= 0 or gpus > self.free_count:
             return None
         max_nodes = job.spec.max_nodes
+        need = need_of(job)
         if max_nodes is not None and gpus > max_nodes * self.max_node_gpus:
             return None
         if gpus <= self.max_node_gpus:
@@ -329,7 +377,7 @@ class GpuPool:
                 scanned = 0
                 for key in keys:
                     for name in self._nodes_with(key, gpus):
-                        if tied and not self._clear_for(name, tied):
+                        if (tied and not self._clear_for(name, tied)) or not self.fits(name, need):
                             continue
                         refs, loc = _pick_on_node(self._nodes[name], gpus, prefer)
                         score = self.factor(job, gpus, loc) - TIER_COST * tier_no
@@ -345,8 +393,8 @@ class GpuPool:
         if max_nodes == 1:
             return None
         if self.even_spans:
-            return self._find_even(gpus, tied, prefer, max_nodes)
-        found = self._find_across(gpus, tied, prefer)
+            return self._find_even(gpus, tied, prefer, max_nodes, need)
+        found = self._find_across(gpus, tied, prefer, need)
         if found is not None and max_nodes is not None and len(found.nodes) > max_nodes:
             return None  # the fewest nodes that hold `gpus` free GPUs are still too many
         return found
@@ -364,7 +412,7 @@ class GpuPool:
         return refs
 
     def _find_even(
-        self, gpus: int, tied: frozenset[int], prefer: frozenset[int], max_nodes: int | None
+        self, gpus: int, tied: frozenset[int], prefer: frozenset[int], max_nodes: int | None, need: Need = _NO_NEED
     ) -> Placement | None:
         """Across as few nodes as possible with the same free GPU indices on each (Slurm's per-node gres gives
         a job the same GPUs on every node): k nodes with `gpus / k` shared free indices, best-fitting nodes
@@ -373,7 +421,7 @@ class GpuPool:
         for (_, f), bucket in self._index.items():
             if f:
                 for name in bucket:
-                    if not tied or self._clear_for(name, tied):
+                    if (not tied or self._clear_for(name, tied)) and self.fits(name, need):
                         by_set.setdefault(frozenset(r.index for r in self._nodes[name].free), []).append(name)
         sets = sorted(by_set, key=lambda fs: (len(fs), sorted(fs)))
         hosts_total = sum(len(v) for v in by_set.values())
@@ -393,7 +441,11 @@ class GpuPool:
         return None
 
     def _find_across(
-        self, gpus: int, tied: frozenset[int] = frozenset(), prefer: frozenset[int] = frozenset()
+        self,
+        gpus: int,
+        tied: frozenset[int] = frozenset(),
+        prefer: frozenset[int] = frozenset(),
+        takes: Need = _NO_NEED,
     ) -> Placement | None:
         """Span as few nodes as possible: whole free nodes first, then the best-fitting remainder
         (largest first, so no placement of `gpus` free GPUs uses fewer nodes); only nodes clear of
@@ -404,7 +456,9 @@ class GpuPool:
         by_free: dict[int, list[str]] = {}
         for (_, f), bucket in self._index.items():
             if f:
-                by_free.setdefault(f, []).extend(n for n in bucket if not tied or self._clear_for(n, tied))
+                by_free.setdefault(f, []).extend(
+                    n for n in bucket if (not tied or self._clear_for(n, tied)) and self.fits(n, takes)
+                )
         for f in by_free:
             by_free[f].sort()
         sizes = sorted(by_free)
@@ -591,7 +645,8 @@ def realize(
                     stay.append((job, part, want))
         elif want > 0:
             pending.append(job)
-    for (job, target, want), ok in zip(stay, pool.book_many([t for _, t, _ in stay]), strict=True):
+    booked = pool.book_many([t for _, t, _ in stay], [j for j, _, _ in stay])
+    for (job, target, want), ok in zip(stay, booked, strict=True):
         had = job.placement
         assert had is not None
         if not ok:
@@ -605,10 +660,10 @@ def realize(
             pending.append(job)
     for job in deferred:
         target = fixed[job.job_id]
-        if pool.book(target):
+        if pool.book(target, job):
             kept[job.job_id] = target
             out.set(job.job_id, target, "revert")
-        elif job.state is JobState.RUNNING and placed_ok(view, job) and pool.book(job.placement):  # type: ignore[arg-type]
+        elif job.state is JobState.RUNNING and placed_ok(view, job) and pool.book(job.placement, job):  # type: ignore[arg-type]
             pool.settle(job.placement)  # type: ignore[arg-type]
             kept[job.job_id] = job.placement  # type: ignore[assignment]
         else:
@@ -619,7 +674,7 @@ def realize(
         want = counts[job.job_id]
         old = kept.pop(job.job_id, None)
         if old is not None:
-            pool.release(old)
+            pool.release(old, job)
         found = None
         lowest = job.spec.min_gpus if elastic_fallback else want
         # A running job moved off its GPUs is requeued: it keeps their indices (`Job.requeue_indices`).
@@ -632,10 +687,10 @@ def realize(
             if found is not None:
                 break
         if found is not None:
-            pool.book(found)
+            pool.book(found, job)
             out.set(job.job_id, found, reason or ("grow" if old is not None else "start"))
         elif old is not None:
-            pool.book(old)
+            pool.book(old, job)
             pool.settle(old)
             out.placements.pop(job.job_id, None)
         elif job.state is JobState.RUNNING:

@@ -70,6 +70,8 @@ class SlurmNode:
     cpus: int = 0
     sockets: int = 0
     memory: int = 0  # RealMemory, MB; 0: unknown
+    alloc_cpus: int = 0  # CPUs allocated to jobs now
+    alloc_memory: int = 0  # MB allocated to jobs now (0 where memory is not a consumable resource)
 
     @property
     def up(self) -> bool:

@@ -286,6 +286,8 @@ def _node(raw: Mapping[str, Any]) -> SlurmNode:
         cpus=number(raw.get("cpus"), 0),
         sockets=number(raw.get("sockets"), 0),
         memory=number(raw.get("real_memory"), 0),
+        alloc_cpus=number(raw.get("alloc_cpus"), 0),
+        alloc_memory=number(raw.get("alloc_memory"), 0),
     )
 
 
@@ -314,6 +316,9 @@ def _grouped_nodes(groups: Iterable[Any]) -> list[SlurmNode]:
                 cpus=number(cpus.get("maximum", cpus.get("total")), 0),
                 sockets=number(sockets.get("maximum"), 0),
                 memory=number(memory.get("maximum"), 0),
+                # A group's allocation is its nodes' sum: exact for a group of one node, else spread evenly.
+                alloc_cpus=-(-number(cpus.get("allocated"), 0) // max(1, len(names))),
+                alloc_memory=-(-number(memory.get("allocated"), 0) // max(1, len(names))),
             )
     return list(out.values())
 

@@ -452,6 +452,8 @@ class PyslurmBackend:
                 cpus=_num(raw.total_cpus),
                 sockets=_num(raw.sockets),
                 memory=_num(getattr(raw, "real_memory", 0)),
+                alloc_cpus=_num(getattr(raw, "allocated_cpus", 0)),
+                alloc_memory=_num(getattr(raw, "allocated_memory", 0)),
             ))
         return tuple(sorted(out, key=lambda n: n.name))
 
