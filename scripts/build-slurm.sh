@@ -3,7 +3,8 @@
 # RELEASE 24.11: Debian 13's source tarball (apt-get source checks it against Debian's signed index).
 # RELEASE 25.11 / 26.05: SchedMD's tarball from $GANDIVA_SLURM_SRC (a file; a site points it at SchedMD's
 # download), else from ../shared/slurm/ beside the checkout (this repository's CI). Its sha256 must match
-# scripts/slurm-sources.sha256. A prefix holding .gandiva-built with the tarball's sha256 is kept as is.
+# scripts/slurm-sources.sha256. A prefix holding .gandiva-built with the tarball's sha256 (and, where
+# mysql_config is, slurmdbd's accounting_storage/mysql plugin) is kept as is.
 set -euo pipefail
 rel=$1
 prefix=$2
@@ -48,16 +49,36 @@ else
   [ "$src" -ef "$tarball" ] || $sudo_ cp "$src" "$tarball"
 fi
 sum=$(sha256sum "$tarball" | cut -d' ' -f1)
-if [ -f "$prefix/.gandiva-built" ] && [ "$(cat "$prefix/.gandiva-built")" = "$sum" ] && [ -x "$prefix/sbin/slurmctld" ]; then
+# With MariaDB's client headers (setup.sh installs them) slurmdbd stores accounting in MariaDB: a cached
+# build made before them lacks the plugin (devcluster --accounting) and is rebuilt.
+mysql=""
+command -v mysql_config >/dev/null 2>&1 && mysql=$prefix/lib/slurm/accounting_storage_mysql.so
+if [ -f "$prefix/.gandiva-built" ] && [ "$(cat "$prefix/.gandiva-built")" = "$sum" ] && [ -x "$prefix/sbin/slurmctld" ] \
+  && { [ -z "$mysql" ] || [ -e "$mysql" ]; }; then
   exit 0
 fi
 build=$(mktemp -d -t slurm-build.XXXXXX)
-trap 'rm -rf "$build"' EXIT
+# Installed into a stage beside the prefix, then renamed into place: other runs may use the old build
+# meanwhile (running daemons keep their open files; a command started between the two renames fails).
+$sudo_ mkdir -p "$(dirname "$prefix")"
+stage=$($sudo_ mktemp -d "$(dirname "$prefix")/.stage-$(basename "$prefix").XXXXXX")
+trap 'rm -rf "$build"; $sudo_ rm -rf "$stage"' EXIT
 tar -xzf "$tarball" -C "$build"
 srcdir=$(find "$build" -mindepth 1 -maxdepth 1 -type d | head -n1)
 cd "$srcdir"
 # No static libraries (libtool would compile every file twice) and no debug info: half the build time.
 ./configure --prefix="$prefix" --sysconfdir="$prefix/etc" --enable-multiple-slurmd --disable-static --disable-debug
 make -j"$(nproc)"
-$sudo_ make install
-echo "$sum" | $sudo_ tee "$prefix/.gandiva-built" >/dev/null
+$sudo_ make install DESTDIR="$stage"
+if [ -n "$mysql" ] && [ ! -e "$stage$mysql" ]; then
+  echo "build-slurm: Slurm $rel built without accounting_storage/mysql although mysql_config is there: see $srcdir/config.log" >&2
+  trap 'rm -rf "$stage"' EXIT  # keep the build tree for its config.log
+  exit 1
+fi
+echo "$sum" | $sudo_ tee "$stage$prefix/.gandiva-built" >/dev/null
+old=""
+if [ -e "$prefix" ]; then
+  old=$stage/old
+  $sudo_ mv -T "$prefix" "$old"
+fi
+$sudo_ mv -T "$stage$prefix" "$prefix"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up on a fresh Debian machine: Slurm + munge (+ PostgreSQL for the store tests),
+# Idempotent set-up on a fresh Debian machine: Slurm + munge (+ PostgreSQL for the store tests, MariaDB and
+# slurmdbd for `gandiva devcluster up --accounting`),
 # a venv in .venv with torch==2.13.0 (CPU) installed first, then the project with its extras.
 # GANDIVA_SLURM picks the Slurm release(s) (scripts/slurm-release.sh): 22.05 is Debian 12's packages;
 # 24.11, 25.11 and 26.05 are built from source into /opt/slurm-gandiva/RELEASE (cached); "all" sets up
@@ -44,11 +45,12 @@ while [ "$d" != "/" ]; do
   d=$(dirname "$d")
 done
 need=()
-pkgs=(slurm-wlm slurmctld slurmd slurm-client munge postgresql lua5.1 python3-venv)
+pkgs=(slurm-wlm slurmctld slurmd slurm-client munge postgresql lua5.1 python3-venv mariadb-server slurmdbd)
 for rel in $releases; do
   # What Slurm's configure needs for the plugins the devcluster uses (Debian 13's Slurm build, trimmed).
   [ "$rel" = 22.05 ] || pkgs+=(build-essential libmunge-dev libjson-c-dev libyaml-dev libhttp-parser-dev
-    libjwt-dev liblua5.1-0-dev libhwloc-dev libdbus-1-dev libpam0g-dev libcurl4-openssl-dev libreadline-dev)
+    libjwt-dev liblua5.1-0-dev libhwloc-dev libdbus-1-dev libpam0g-dev libcurl4-openssl-dev libreadline-dev
+    libmariadb-dev libmariadb-dev-compat)  # MariaDB's client: slurmdbd's accounting_storage/mysql
 done
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
@@ -58,13 +60,15 @@ if [ ${#need[@]} -gt 0 ]; then
   step "apt-get update" $sudo_ apt-get update -qq
   step "apt-get install" $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
   # The packages start system daemons; the project runs its own, so stop those.
-  for s in slurmctld slurmd postgresql; do $sudo_ systemctl stop "$s" >/dev/null 2>&1 || true; done
+  for s in slurmctld slurmd slurmdbd postgresql mariadb; do $sudo_ systemctl stop "$s" >/dev/null 2>&1 || true; done
 fi
 for rel in $build; do
   [ "$rel" = 22.05 ] && continue
   prefix=$(gandiva_slurm_prefix "$rel")
   if [ ! -x "$prefix/sbin/slurmctld" ]; then
     echo "setup: building Slurm $rel from source into $prefix (about 3 minutes on 2 cores)"
+  elif [ ! -e "$prefix/lib/slurm/accounting_storage_mysql.so" ]; then
+    echo "setup: rebuilding Slurm $rel in $prefix with slurmdbd's MariaDB plugin (about 3 minutes on 2 cores)"
   fi
   step "building Slurm $rel" bash scripts/build-slurm.sh "$rel" "$prefix"
 done

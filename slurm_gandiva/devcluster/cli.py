@@ -29,6 +29,11 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--port-base", type=int, default=16800, help="slurmctld = base+17, slurmd = base+101.., default 16800"
     )
+    p.add_argument(
+        "--accounting", action="store_true",
+        help="also Slurm's own accounting: a MariaDB and a slurmdbd of this cluster's (ports base+19, base+20); "
+        "sacct, sshare and sacctmgr then work, and jobs need an account (AccountingStorageEnforce)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -42,6 +47,7 @@ def _run(args: argparse.Namespace) -> int:
         gpus_per_switch=args.gpus_per_switch,
         sockets=args.sockets,
         port_base=args.port_base,
+        accounting=args.accounting,
     )
     if args.action == "up":
         status = cluster.up()

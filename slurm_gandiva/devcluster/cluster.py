@@ -6,6 +6,7 @@ Layout of the state directory:
   run/      pid files;  log/  daemon logs;  dev/  fake GPU device nodes (char 195:K)
   jobs/     world-writable sticky dir for per-job state dirs
   topology.json
+With `accounting=True` also a MariaDB and a slurmdbd of its own (devcluster/accounting.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_gandiva.devcluster.accounting import (
+    DB_START_TIMEOUT_S,
+    DBD_START_TIMEOUT_S,
+    Accounting,
+    run_checked,
+    sacctmgr_args,
+)
 from slurm_gandiva.errors import ConfigError, GandivaError, SlurmUnreachable
 from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.contract import write_atomic
@@ -131,6 +139,15 @@ def _cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (a.decode(errors="replace").partition("=") for a in raw.split(b"\0") if a)
+    return {k: v for k, _, v in pairs}
+
+
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -210,6 +227,7 @@ class DevCluster:
         sleep: Callable[[float], None] = time.sleep,
         capabilities: SlurmCapabilities | None = None,
         scheduler_parameters: str = SCHEDULER_PARAMETERS,
+        accounting: bool = False,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or gpus_per_switch < 1 or sockets < 1:
             raise ConfigError("devcluster: nodes, GPUs per node, GPUs per switch and sockets must be >= 1")
@@ -231,6 +249,8 @@ class DevCluster:
         if any(c.isspace() for c in scheduler_parameters):
             raise ConfigError(f"devcluster: SchedulerParameters {scheduler_parameters!r} must not contain spaces")
         self.scheduler_parameters = scheduler_parameters
+        self.accounting = accounting
+        self._acct = Accounting(self.state_dir, port_base)
 
     # ----- paths and names -----
     @property
@@ -291,7 +311,12 @@ class DevCluster:
         return self.log_dir / f"{daemon}.log"
 
     def _daemons(self) -> list[tuple[str, int]]:
-        return [("slurmctld", self.ctld_port)] + [(f"slurmd-{n}", self.slurmd_port(n)) for n in self.node_names]
+        slurm = [("slurmctld", self.ctld_port)] + [(f"slurmd-{n}", self.slurmd_port(n)) for n in self.node_names]
+        acct = [("slurmdbd", self._acct.dbd_port), ("mariadb", self._acct.db_port)]
+        # Also when started by an earlier `up --accounting`: `down` without the flag stops them too.
+        if self.accounting or any(self._pid_file(d).exists() for d, _ in acct):
+            return slurm + acct
+        return slurm
 
     def _pid(self, daemon: str) -> int | None:
         """The daemon's pid if its pid file names a live process that is that daemon of this cluster."""
@@ -306,6 +331,11 @@ class DevCluster:
         if not _pid_alive(pid):
             return False
         argv = _cmdline(pid)
+        if daemon == "mariadb":
+            return bool(argv) and Path(argv[0]).name == "mariadbd" and f"--datadir={self._acct.datadir}" in argv
+        if daemon == "slurmdbd":  # it reads slurmdbd.conf beside SLURM_CONF: no path on its command line
+            return bool(argv) and Path(argv[0]).name == "slurmdbd" and _environ(pid).get("SLURM_CONF") == str(
+                self.conf_path)
         exe = "slurmctld" if daemon == "slurmctld" else "slurmd"
         return bool(argv) and Path(argv[0]).name == exe and str(self.conf_path) in argv
 
@@ -338,6 +368,8 @@ class DevCluster:
             "kill_wait": 2,
             # One job's shards on several GPUs of a node (a packed multi-GPU job) need this since 23.11.1.
             "multiple_sharing_gres": self.capabilities.multiple_sharing_gres_param,
+            "accounting": False,
+            **(self._acct.context() if self.accounting else {}),
         }
 
     def _rendered(self) -> dict[str, str]:
@@ -348,6 +380,7 @@ class DevCluster:
             "slurm.conf": resources.render("slurm.conf.j2", ctx),
             "gres.conf": resources.render("gres.conf.j2", ctx),
             "job_submit.lua": resources.template_path("job_submit.lua").read_text(),
+            **({"slurmdbd.conf": resources.render("slurmdbd.conf.j2", ctx)} if self.accounting else {}),
         }
 
     def _prepare(self, *, running: bool) -> bool:
@@ -385,7 +418,8 @@ class DevCluster:
                 f"run `gandiva devcluster down --state-dir {self.state_dir}` first"
             )
         for name in changed:
-            write_atomic(self.etc / name, rendered[name], mode=0o644)
+            # slurmdbd.conf holds the database password; slurmdbd wants it 0600 and its SlurmUser's (root).
+            write_atomic(self.etc / name, rendered[name], mode=0o600 if name == "slurmdbd.conf" else 0o644)
         if running and "job_submit.lua" in changed:
             self._slurm(["scontrol", "reconfigure"])
             # Newer daemons (measured on 25.11) re-execute themselves on reconfigure: new pids, the pid files
@@ -414,6 +448,8 @@ class DevCluster:
             shutil.rmtree(self.state_dir / "spool" / "ctld", ignore_errors=True)
             (self.state_dir / "spool" / "ctld").mkdir()
         ensure_munge()
+        if self.accounting:
+            self._start_accounting()
         self._start("slurmctld", self.ctld_port, ["slurmctld", "-f", str(self.conf_path)])
         self._wait_ctld()
         for n in self.node_names:
@@ -421,7 +457,54 @@ class DevCluster:
         self._wait_nodes_idle()
         return self.status()
 
-    def _start(self, daemon: str, port: int, argv: list[str]) -> None:
+    def _start_accounting(self) -> None:
+        """MariaDB (initialised once), slurmdbd's database user, slurmdbd, and this cluster registered in it."""
+        self._acct.initialise()
+        self._start("mariadb", self._acct.db_port, self._acct.mariadbd_argv(), foreground=True)
+        self._wait_for("mariadb", lambda: self._acct.sql("SELECT 1").returncode == 0, DB_START_TIMEOUT_S)
+        grant = self._acct.sql(self._acct.grant_statements())
+        if grant.returncode != 0:
+            raise DevClusterError(f"cannot create slurmdbd's database user ({grant.stderr.strip()})")
+        self._start("slurmdbd", self._acct.dbd_port, ["slurmdbd"])
+        clusters: list[str] = []
+
+        def dbd_answers() -> bool:
+            out = self._slurm(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"])
+            clusters[:] = out.stdout.split()
+            return out.returncode == 0
+
+        self._wait_for("slurmdbd", dbd_answers, DBD_START_TIMEOUT_S)
+        if "gandiva" not in clusters:
+            self.sacctmgr(["add", "cluster", "gandiva"])
+
+    def _wait_for(self, daemon: str, ready: Callable[[], bool], timeout: float) -> None:
+        deadline = self._clock() + timeout
+        while self._clock() < deadline:
+            if ready():
+                return
+            if self._pid(daemon) is None:
+                break
+            self._sleep(0.3)
+        log = self._log(daemon)
+        raise DevClusterError(f"{daemon} did not come up ({_last_log_line(log)}): see {log}")
+
+    def sacctmgr(self, args: list[str]) -> str:
+        """`sacctmgr -i ARGS` against this cluster's slurmdbd; its output. ConfigError when it fails."""
+        return run_checked(lambda argv: self._slurm(argv, timeout=60), ["sacctmgr", "-i", *args])
+
+    def add_account(self, name: str, *, parent: str = "root", fairshare: int = 1, **limits: str | int) -> None:
+        """An account under `parent` with `fairshare` shares (RawShares) and sacctmgr limits (GrpTRES=...)."""
+        self.sacctmgr(sacctmgr_args("account", name, Parent=parent, Fairshare=fairshare, **limits))
+
+    def add_user(self, name: str, account: str, *, fairshare: int = 1, **limits: str | int) -> None:
+        """An association of user `name` in `account` (its default account if it is the user's first)."""
+        self.sacctmgr(sacctmgr_args("user", name, Account=account, Fairshare=fairshare, **limits))
+
+    def add_qos(self, name: str, **limits: str | int) -> None:
+        """A QOS with sacctmgr limits (e.g. GrpTRES="gres/gpu=2", MaxTRESPerUser="gres/gpu=1")."""
+        self.sacctmgr(sacctmgr_args("qos", name, **limits))
+
+    def _start(self, daemon: str, port: int, argv: list[str], *, foreground: bool = False) -> None:
         if self._pid(daemon) is not None:
             return
         log = self._log(daemon)
@@ -439,9 +522,14 @@ class DevCluster:
             )
         self._pid_file(daemon).unlink(missing_ok=True)
         env = {**os.environ, **self.env}
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+        if foreground:  # a server that does not daemonise itself (mariadbd): setsid -f detaches it
+            with log.open("ab") as out:
+                proc = subprocess.run(["setsid", "-f", *argv], env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT, text=True, timeout=30, check=False)
+        else:
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
         if proc.returncode != 0:
-            why = (proc.stderr.strip().splitlines() or [_last_log_line(log)])[-1]
+            why = ((proc.stderr or "").strip().splitlines() or [_last_log_line(log)])[-1]
             raise DevClusterError(f"{daemon} would not start ({why}): see {log}")
         deadline = self._clock() + self.start_timeout
         while self._clock() < deadline:
@@ -511,7 +599,10 @@ class DevCluster:
         """Cancel this cluster's jobs, then stop the daemons named by its pid files (and nothing else)."""
         if self._pid("slurmctld") is not None:
             self._cancel_all_jobs()
-        for daemon, _ in reversed(self._daemons()):
+        daemons = self._daemons()
+        slurm = 1 + self.nodes
+        # The nodes, then the controller, then slurmdbd (the controller's last records), then MariaDB.
+        for daemon, _ in [*reversed(daemons[:slurm]), *daemons[slurm:]]:
             pid = self._pid(daemon)
             if pid is None:
                 continue

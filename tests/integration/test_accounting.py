@@ -1,0 +1,96 @@
+"""Slurm's own accounting on a devcluster (`up --accounting`, issue 30 item 1): a MariaDB and a slurmdbd of the
+slurmctld's release; accounts physics (2 shares) and bio (1); Slurm's sacct, sshare and its enforcement.
+
+One small cluster of its own for the module (1 node, 2 GPUs), ports from GANDIVA_TEST_PORT_BASE + 800.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_gandiva.devcluster.cluster import DevCluster
+from tests.helpers import TEST_USER, ensure_user, run_as, wait_for
+
+pytestmark = pytest.mark.slurm
+
+OTHER_USER = "gandiva-test2"
+
+
+@pytest.fixture(scope="module")
+def acct_cluster(test_user: str) -> Iterator[DevCluster]:
+    """A running devcluster with accounting, accounts physics/bio and one user in each; stopped afterwards."""
+    ensure_user(OTHER_USER)
+    base = int(os.environ.get("GANDIVA_TEST_PORT_BASE", "16800")) + 800
+    cluster = DevCluster(tempfile.mkdtemp(prefix="gandiva-acct-"), nodes=1, gpus_per_node=2, port_base=base,
+                         accounting=True)
+    try:
+        try:
+            cluster.up()
+            cluster.add_account("physics", fairshare=2)
+            cluster.add_account("bio", fairshare=1)
+            cluster.add_user(test_user, "physics")
+            cluster.add_user(OTHER_USER, "bio")
+        except Exception as exc:
+            pytest.fail(f"the devcluster with accounting did not start on port base {base}: {exc}")
+        yield cluster
+    finally:
+        pids = [d.pid for d in cluster.status().daemons if d.pid is not None]
+        cluster.down()
+        assert not any(Path(f"/proc/{p}/cmdline").exists() and Path(f"/proc/{p}/cmdline").read_bytes()
+                       for p in pids), "a daemon of the accounting cluster outlived down()"
+        shutil.rmtree(cluster.state_dir, ignore_errors=True)
+
+
+def _sbatch(cluster: DevCluster, user: str, *options: str) -> tuple[int, str, str]:
+    out = run_as(user, ["sbatch", "--parsable", "-o", "/dev/null", f"--chdir={cluster.jobs_dir}", *options,
+                        "--wrap", "true"], cluster.env)
+    return out.returncode, out.stdout.strip(), out.stderr.strip()
+
+
+def test_daemons_and_slurmdbd_conf(acct_cluster: DevCluster) -> None:
+    status = acct_cluster.status()
+    assert {d.name for d in status.daemons if d.running} == {"slurmctld", "slurmd-n1", "slurmdbd", "mariadb"}
+    st = (acct_cluster.etc / "slurmdbd.conf").stat()
+    assert (st.st_mode & 0o777, st.st_uid) == (0o600, 0)
+
+
+def test_users_jobs_show_in_sacct_with_their_accounts(acct_cluster: DevCluster) -> None:
+    jobs = {}
+    for user in (TEST_USER, OTHER_USER):
+        rc, jid, err = _sbatch(acct_cluster, user)
+        assert rc == 0, err
+        jobs[user] = jid.split(";")[0]
+
+    def rows() -> dict[str, str] | None:
+        out = acct_cluster._slurm(["sacct", "-n", "-P", "-X", "-a", "-j", ",".join(jobs.values()),
+                                   "-o", "JobID,User,Account,State"])
+        got = {ln.split("|")[0]: ln for ln in out.stdout.split()}
+        return got if all(got.get(j, "").endswith("|COMPLETED") for j in jobs.values()) else None
+
+    got = wait_for(rows, timeout=60, what="both jobs COMPLETED in sacct")
+    assert got[jobs[TEST_USER]] == f"{jobs[TEST_USER]}|{TEST_USER}|physics|COMPLETED"
+    assert got[jobs[OTHER_USER]] == f"{jobs[OTHER_USER]}|{OTHER_USER}|bio|COMPLETED"
+
+
+def test_sshare_lists_both_accounts_with_their_raw_shares(acct_cluster: DevCluster) -> None:
+    out = acct_cluster._slurm(["sshare", "-n", "-P", "-a", "-o", "Account,User,RawShares"])
+    assert out.returncode == 0, out.stderr
+    rows = {tuple(f.strip() for f in ln.split("|")) for ln in out.stdout.splitlines()}
+    assert {("physics", "", "2"), ("bio", "", "1"), ("physics", TEST_USER, "1"), ("bio", OTHER_USER, "1")} <= rows
+
+
+def test_slurm_refuses_an_unknown_account_and_a_user_without_one(acct_cluster: DevCluster) -> None:
+    rc, _, err = _sbatch(acct_cluster, TEST_USER, "-A", "nosuch")
+    assert rc != 0 and "invalid account" in err.lower(), err
+    rc, _, err = _sbatch(acct_cluster, TEST_USER, "-A", "bio")  # an account, but not one of this user's
+    assert rc != 0 and "invalid account" in err.lower(), err
+    rc, _, err = _sbatch(acct_cluster, "nobody")
+    assert rc != 0 and "invalid account" in err.lower(), err
+    queued = acct_cluster._slurm(["squeue", "-h", "-o", "%u|%a"])
+    assert queued.stdout.strip() == ""

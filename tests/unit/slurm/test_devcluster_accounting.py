@@ -1,0 +1,54 @@
+"""devcluster --accounting: configuration rendered (no daemons started), and the opt-in changes nothing when off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_gandiva.devcluster.accounting import sacctmgr_args
+from slurm_gandiva.devcluster.cluster import DevCluster
+from slurm_gandiva.errors import ConfigError
+from slurm_gandiva.slurm.capabilities import SlurmCapabilities
+
+R24 = SlurmCapabilities.for_release((24, 11, 5))
+
+
+def test_without_accounting_nothing_of_it_is_rendered_or_created(tmp_path: Path) -> None:
+    c = DevCluster(tmp_path / "s", port_base=30000, capabilities=R24)
+    files = c._rendered()
+    conf = files["slurm.conf"]
+    assert set(files) == {"slurm.conf", "gres.conf", "job_submit.lua"}
+    assert "AccountingStorageType=accounting_storage/none\n" in conf
+    assert "JobAcctGatherType=jobacct_gather/none\n" in conf
+    assert "slurmdbd" not in conf and "Priority" not in conf and "Enforce" not in conf
+    assert not (tmp_path / "s" / "mysql").exists()
+    assert [d for d, _ in c._daemons()] == ["slurmctld", "slurmd-n1", "slurmd-n2"]
+
+
+def test_accounting_renders_slurmdbd_and_its_own_ports(tmp_path: Path) -> None:
+    c = DevCluster(tmp_path / "s", port_base=30000, capabilities=R24, accounting=True)
+    files = c._rendered()
+    conf, dbd = files["slurm.conf"], files["slurmdbd.conf"]
+    for line in ("AccountingStorageType=accounting_storage/slurmdbd", "AccountingStoragePort=30019",
+                 "AccountingStorageEnforce=associations,limits,qos", "PriorityType=priority/multifactor",
+                 "JobAcctGatherType=jobacct_gather/linux", "ClusterName=gandiva"):
+        assert f"{line}\n" in conf
+    assert "accounting_storage/none" not in conf
+    assert "DbdPort=30019\n" in dbd and "StoragePort=30020\n" in dbd and "SlurmUser=root\n" in dbd
+    assert f"PidFile={c.state_dir}/run/slurmdbd.pid\n" in dbd
+    password = (c.state_dir / "mysql" / "password").read_text()
+    assert len(password) == 32 and f"StoragePass={password}\n" in dbd
+    assert (c.state_dir / "mysql" / "password").stat().st_mode & 0o777 == 0o600
+    assert (c.state_dir / "mysql").stat().st_mode & 0o777 == 0o700
+    assert c._rendered() == files  # the password is made once: a second `up` sees the same configuration
+    assert [d for d, _ in c._daemons()][-2:] == ["slurmdbd", "mariadb"]
+
+
+def test_sacctmgr_arguments_are_checked() -> None:
+    assert sacctmgr_args("account", "physics", Parent="root", Fairshare=2) == [
+        "add", "account", "physics", "Parent=root", "Fairshare=2"]
+    assert sacctmgr_args("qos", "small", GrpTRES="gres/gpu=2")[-1] == "GrpTRES=gres/gpu=2"
+    for bad in ("-i", "a b", "x;rm", ""):
+        with pytest.raises(ConfigError, match="not a valid name"):
+            sacctmgr_args("account", bad)
