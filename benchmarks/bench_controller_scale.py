@@ -57,6 +57,7 @@ from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import JobState
 from slurm_gandiva.plan import Action
+from slurm_gandiva.requeue.namespace import is_marked
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.store import Store
 from slurm_gandiva.store.api import Outcome as StoreOutcome
@@ -250,7 +251,7 @@ class Bench:
     def lost(self, submitted: int) -> int:
         """Submitted tasks that are neither waiting, running nor registered (or that failed)."""
         snap = self.ctl.backend.snapshot()
-        tasks = [j for j in snap.jobs if j.comment == "gandiva"]
+        tasks = [j for j in snap.jobs if is_marked(j.comment)]
         bad = sum(1 for j in tasks if j.finished)
         registered = {r.job_id for r in self.store.list_jobs(states=ACTIVE)}
         missing = sum(1 for j in tasks if not j.finished and j.job_id not in registered)

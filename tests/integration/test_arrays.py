@@ -24,7 +24,7 @@ import pytest
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import GpuRef
-from slurm_gandiva.requeue.namespace import private_name
+from slurm_gandiva.requeue.namespace import is_marked, private_name
 from slurm_gandiva.slurm.base import SlurmBackend
 from slurm_gandiva.store import SliceEnd
 from tests.helpers import run_as
@@ -84,7 +84,7 @@ class ArrayWatch:
 @pytest.fixture
 def env(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) -> Iterator[Env]:
     for j in slurm.jobs():  # leftovers of an interrupted run would join this workload
-        if j.comment == "gandiva" and not j.finished:
+        if is_marked(j.comment) and not j.finished:
             with contextlib.suppress(Exception):
                 slurm.cancel(j.job_id)
     sub = tmp_path / "env"

@@ -18,6 +18,7 @@ import pytest
 
 from slurm_gandiva.controller.claims import CLAIM_IGNORED
 from slurm_gandiva.devcluster.cluster import DevCluster
+from slurm_gandiva.requeue.namespace import is_marked
 from slurm_gandiva.slurm.base import SlurmBackend
 from tests.helpers import TEST_USER, ensure_user
 from tests.integration.test_controller import Env, make_env, wait_for
@@ -39,7 +40,7 @@ def env(
     slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Env]:
     for j in slurm.jobs():  # leftovers would join this controller's workload
-        if j.comment == "gandiva" and not j.finished:
+        if is_marked(j.comment) and not j.finished:
             with contextlib.suppress(Exception):
                 slurm.cancel(j.job_id)
     gpus, quantum, extra = request.param
@@ -56,7 +57,7 @@ def env(
         with contextlib.suppress(Exception):
             e.stop(timeout=60)
         for j in slurm.jobs():
-            if j.comment == "gandiva" and not j.finished:
+            if is_marked(j.comment) and not j.finished:
                 with contextlib.suppress(Exception):
                     slurm.cancel(j.job_id)
 

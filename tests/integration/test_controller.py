@@ -33,6 +33,7 @@ import pytest
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import GpuRef, Locality, Placement, Topology
+from slurm_gandiva.requeue.namespace import is_marked
 from slurm_gandiva.requeue.spec import SubmitSpec, write_spec
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from slurm_gandiva.store import Outcome, SliceEnd, Store
@@ -264,7 +265,7 @@ def check_history(store: Store, jobs: list[str]) -> None:
 def env_factory(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) -> Iterator[EnvFactory]:
     made: list[Env] = []
     for j in slurm.jobs():  # leftovers of an earlier, interrupted run would join this test's workload
-        if j.comment == "gandiva" and not j.finished:
+        if is_marked(j.comment) and not j.finished:
             with contextlib.suppress(Exception):
                 slurm.cancel(j.job_id)
 
