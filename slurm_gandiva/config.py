@@ -50,6 +50,10 @@ class ControllerConfig:
     round_log_max_mb: float = 50.0  # the round log is renamed to <round_log>.1 before it grows past this
     max_nodes: int | None = None  # most nodes one job may span; None: as many as the cluster has
     max_registrations: int = 500  # new jobs registered per round, shared fairly between users
+    # Tenants' fair shares (selector/fairshare.py): "none" or "shares"; the decay half-life of their usage.
+    # Checked here; the controller applies them with the shares it reads from slurmdbd (a later slice).
+    fairness: str = "none"
+    fairness_half_life: float = 7 * 86400.0
     source: str = "<defaults>"
 
     @property
@@ -129,6 +133,12 @@ def _policy_name(v: str) -> str:
     return v
 
 
+def _fairness(v: str) -> str:
+    if v.lower() not in ("none", "shares"):
+        raise ValueError
+    return v.lower()
+
+
 def _url(v: str) -> str:
     if "://" not in v:
         raise ValueError
@@ -160,6 +170,11 @@ _KEYS: dict[str, tuple[Callable[[str], object], str, str]] = {
     "max_nodes": (_max_nodes, "max_nodes", "max_nodes must be a whole number of nodes, at least 1, or `any`"),
     "max_registrations": (
         _positive_int, "max_registrations", "max_registrations must be a whole number of jobs, at least 1",
+    ),
+    "fairness": (_fairness, "fairness", "fairness must be none or shares (tenants' GPU time split by their shares)"),
+    "fairness_half_life": (
+        _positive_seconds, "fairness_half_life",
+        "fairness_half_life must be a positive number of seconds (Slurm's PriorityDecayHalfLife; 604800 = 7 days)",
     ),
 }
 _ALIASES = {"database": "database_url", "db": "database_url", "topology": "topology_file"}

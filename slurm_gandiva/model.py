@@ -289,6 +289,10 @@ class JobSpec:
     # CPUs and memory (MB) it needs on each of its nodes (Slurm's MinCPUsNode / MinMemoryNode); 0: none.
     cpus_per_node: int = 0
     mem_per_node_mb: int = 0
+    # The Slurm account and QOS it runs under ("": none given; the fair-share layer's tenant is the
+    # account, then the user in it).
+    account: str = ""
+    qos: str = ""
 
     def __post_init__(self) -> None:
         if self.min_gpus < 1 or self.max_gpus < self.min_gpus:

@@ -22,6 +22,7 @@ traces:
     duration     seconds on `gpus` GPUs at the best placement (required)
     gpus         GPUs asked for (required)
     job_id, model (bert|cifar10|deepspeech2|imagenet|ncf|yolov3), user, max_gpus (>= gpus) (optional)
+    account      the user's account, a tenant for --fairness shares (optional; default: one account)
     group        jobs with the same name form one search, a job array (optional)
     group_max    the most jobs of the group that may run at once, >= 1 (an array's %MAX; the same
                  on every row of the group; optional, needs group)
@@ -30,6 +31,10 @@ traces:
   A malformed row, or a column (key) not listed here, is reported with its file and line number.
   --load F compresses its arrivals too. A job asking for more GPUs than --gpus is refused unless
   --cap-gpus is given (then it runs on all of them, with a warning).
+
+fairness: --fairness shares runs the chosen policy under the fair-share layer (selector/fairshare.py, the
+  controller's): each round the GPUs are split between accounts by --shares (1 each unless named), then
+  equally between the users of an account, work-conserving; the policy decides within each tenant.
 
 overheads: each start/resume/migrate/resize/pack costs seconds without progress; the defaults come from
   benchmarks/results/requeue.json when it exists (measured on the real cluster), else guesses
@@ -73,6 +78,13 @@ def register(subparsers: Any) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="policy parameter (repeatable), e.g. --param quantum=120; with --compare it goes to every policy",
+    )
+    p.add_argument(
+        "--fairness", choices=("none", "shares"), default="none", help="tenants' fair shares (default none)"
+    )
+    p.add_argument("--shares", metavar="ACCT=N,...", help="accounts' shares with --fairness shares (default 1 each)")
+    p.add_argument(
+        "--half-life", type=float, metavar="S", help="decay half-life of tenants' usage, seconds (default 7 days)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the model draw and of the policies")
     p.add_argument("--out", type=Path, help="write JSON/CSV results and PNG plots here")
@@ -160,6 +172,11 @@ def _main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--load {args.load} must be a number > 0 (2.0 = arrivals twice as dense)")
     names = [n.strip() for n in args.compare.split(",") if n.strip()] if args.compare else [args.policy]
     params = parse_params(args.param)
+    if args.fairness == "none" and (args.shares or args.half_life is not None):
+        raise ConfigError("--shares and --half-life need --fairness shares")
+    if args.half_life is not None and not (math.isfinite(args.half_life) and args.half_life > 0):
+        raise ConfigError(f"--half-life {args.half_life} must be a positive number of seconds")
+    parse_shares(args.shares)
     policies = [make_named_policy(n, seed=args.seed, params=params) for n in names]
     if args.trace == PHILLY:
         trace = load_philly(vc=args.vc, jobs=args.jobs, load=args.load)
@@ -200,6 +217,8 @@ def _main(args: argparse.Namespace) -> int:
     results = []
     for pol in policies:
         bar = None if args.no_progress else ProgressBar(pol.name)
+        if args.fairness == "shares":
+            pol = with_shares(pol, parse_shares(args.shares), args.half_life)
         results.append(Simulator(trace, pol, config).run(progress=bar))
     summaries = [Summary.of(r) for r in results]
     # What users run today is the honest yardstick: plain Slurm (backfilling FIFO) when it was run.
@@ -259,3 +278,27 @@ def make_named_policy(name: str, *, seed: int = 0, params: dict[str, object] | N
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"policy {name!r} rejects its parameters ({exc}); fix --param") from None
     return policy
+
+
+def parse_shares(text: str | None) -> dict[str, float]:
+    """`ACCT=N,...` -> account -> share (> 0); ConfigError naming the bad item."""
+    out: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        acct, sep, value = item.partition("=")
+        try:
+            share = float(value)
+        except ValueError:
+            share = math.nan
+        if not sep or not acct.strip() or not (math.isfinite(share) and share > 0):
+            raise ConfigError(f"--shares {item.strip()!r}: write ACCOUNT=N with N > 0, e.g. --shares physics=2,bio=1")
+        out[acct.strip()] = share
+    return out
+
+
+def with_shares(policy: Any, shares: dict[str, float], half_life: float | None) -> Any:
+    """`policy` under the fair-share layer (a fresh usage state: one per run)."""
+    from slurm_gandiva.selector.fairshare import DEFAULT_HALF_LIFE_S, FairShare
+
+    return FairShare(policy, shares, half_life if half_life is not None else DEFAULT_HALF_LIFE_S)

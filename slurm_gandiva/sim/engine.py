@@ -371,7 +371,7 @@ class Simulator:
             total = tj.duration * speed.best_rate(asked)
             spec = JobSpec(
                 job_id=tj.job_id,
-                user=tj.user,
+                user=tj.user, account=tj.account,
                 min_gpus=lo,
                 max_gpus=max(lo, hi),
                 submit_time=tj.submit_time,

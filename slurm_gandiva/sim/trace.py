@@ -9,6 +9,8 @@ Our own format (CSV with a header, or JSON), one job per row:
 - ``model`` (optional): one of bert, cifar10, deepspeech2, imagenet, ncf, yolov3; default: drawn
   from the seed.
 - ``user`` (optional): default ``user``.
+- ``account`` (optional): the user's Slurm account (a tenant of the fair-share layer, `--fairness
+  shares`); default empty (one account for every user that gives none).
 - ``max_gpus`` (optional): for elastic policies, the most GPUs the job may grow to, >= ``gpus``; default:
   where its model stops speeding up.
 - ``group`` (optional): a name; jobs with the same one belong to one search (a Slurm job array, whose
@@ -49,7 +51,7 @@ from slurm_gandiva.errors import TraceError
 from slurm_gandiva.profiles import MODEL_NAMES, data_dir
 
 PHILLY = "philly"
-COLUMNS = ("job_id", "submit_time", "duration", "gpus", "model", "user", "max_gpus", "group", "group_max")
+COLUMNS = ("job_id", "submit_time", "duration", "gpus", "model", "user", "account", "max_gpus", "group", "group_max")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class TraceJob:
     gpus: int
     model: str | None = None
     user: str = "user"
+    account: str = ""
     max_gpus: int | None = None
     group: str | None = None
     group_max: int | None = None
@@ -195,6 +198,7 @@ def _job_from_row(row: Mapping[str, object], index: int, where: str) -> TraceJob
     if raw_group is not None and (isinstance(raw_group, bool) or not isinstance(raw_group, (str, int))):
         raise TraceError(f"{where}: group {raw_group!r} is not a name; give a string or leave it out")
     group = (str(raw_group).strip() or None) if raw_group is not None else None
+    account = _name(row.get("account"), "account", where)
     cap_raw = get("group_max")
     group_max = _int(cap_raw, "group_max", where) if cap_raw not in (None, "") else None
     if group_max is not None:
@@ -209,10 +213,23 @@ def _job_from_row(row: Mapping[str, object], index: int, where: str) -> TraceJob
         gpus=gpus,
         model=model,
         user=get("user") or "user",
+        account=account,
         max_gpus=max_gpus,
         group=group,
         group_max=group_max,
     )
+
+
+def _name(raw: object, what: str, where: str) -> str:
+    """A name column's value ("" when empty or left out); TraceError for a value that is not a name."""
+    if raw is None:
+        return ""
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        raise TraceError(f"{where}: {what} {raw!r} is not a name; give a string or leave it out")
+    text = str(raw).strip()
+    if any(c.isspace() or c in ",=" for c in text):
+        raise TraceError(f"{where}: {what} {text!r} has a space, comma or '='; use a plain name")
+    return text
 
 
 def _check_group(job: TraceJob, seen: dict[str, tuple[int | None, str]], where: str) -> None:

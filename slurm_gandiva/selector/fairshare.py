@@ -1,0 +1,242 @@
+"""A fair-share layer over any policy: tenants' GPUs split by their shares, the inner policy decides within.
+
+    policy = FairShare(make_policy("gandiva"), shares={"physics": 2, "bio": 1}, half_life=7 * 86400)
+
+Tenants are Slurm's association tree cut at two levels: the account (`JobSpec.account`), then the user in
+it. Each round, among the tenants with active jobs only (work-conserving: an idle tenant's share goes to
+the others at once), the up GPUs are water-filled by share: an account gets GPUs in proportion to its
+share (`shares`, 1 when not named) up to what its jobs can use (the sum of their `max_gpus`), what it
+cannot use goes to the others; within an account its users split its GPUs equally the same way. Whole
+GPUs are handed out by stride order (Gandiva-fair, EuroSys'20: pass = attained GPU-seconds / tickets,
+lowest first), with the attained GPU-seconds decayed by a half-life as Slurm's `PriorityDecayHalfLife`
+decays usage (priority_multifactor.c; Fair Tree ranks accounts, then users in them, the same way).
+So the decayed usage decides the rounding and who gives GPUs back first; the split itself is by shares.
+
+The inner policy then decides on a view that keeps each tenant within its GPUs (its `cap`):
+- When a tenant below its cap has waiting jobs, tenants above theirs give GPUs back: the layer suspends
+  their most-served running jobs (hidden from the inner policy, so their GPUs look free), and hides the
+  waiting jobs of tenants at or above their caps, so that the free GPUs go to the under-served tenant
+  within this round (one rotation).
+- A job of a tenant at its cap may not grow (its `max_gpus` is its current count in the view).
+- The inner plan's starts and resumes past a tenant's cap are dropped (its own suspends free places
+  first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is dropped
+  too, so no tenant loses a GPU to a start that was dropped.
+
+Not done here (later slices of issue 30): shares and decayed usage read from slurmdbd (`sshare`), QOS and
+association GPU limits (GrpTRES), a catch-up beyond the share for a tenant that was under-served long.
+
+The decayed usage is the one state carried between rounds, explicitly: `TenantUsage`, which `decide`
+updates from the view (each job's `attained_service` since the last round; a job that finished between
+two rounds loses its last round's service). Pure otherwise: time is the view's `now`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState
+from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.selector.base import Policy
+
+FAIRNESS_MODES = ("none", "shares")
+DEFAULT_HALF_LIFE_S = 7 * 86400.0  # Slurm's PriorityDecayHalfLife default: 7-0
+_TAKES = (Action.START, Action.RESUME)
+
+Tenant = tuple[str, str]  # (account, user)
+
+
+def tenant_of(job: Job) -> Tenant:
+    return (job.spec.account, job.spec.user)
+
+
+@dataclass
+class TenantUsage:
+    """Decayed attained GPU-seconds per tenant, and what the last round saw (the state carried between
+    rounds; the controller may persist it)."""
+
+    usage: dict[Tenant, float] = field(default_factory=dict)
+    seen: dict[str, float] = field(default_factory=dict)  # job id -> attained_service at the last round
+    at: float | None = None
+
+    def update(self, view: ClusterView, half_life: float) -> None:
+        """Decay to `view.now` and add each job's service since the last round."""
+        if self.at is not None and view.now > self.at and math.isfinite(half_life):
+            k = 0.5 ** ((view.now - self.at) / half_life)
+            self.usage = {t: u * k for t, u in self.usage.items()}
+        self.at = view.now if self.at is None else max(self.at, view.now)
+        seen: dict[str, float] = {}
+        for j in view.jobs:
+            served = j.attained_service
+            delta = served - self.seen.get(j.job_id, 0.0)
+            if delta > 0:
+                t = tenant_of(j)
+                self.usage[t] = self.usage.get(t, 0.0) + delta
+            seen[j.job_id] = served
+        self.seen = seen
+
+
+def water_fill(total: int, demand: Mapping[str, int], weight: Mapping[str, float], order: list[str]) -> dict[str, int]:
+    """`total` whole units split in proportion to `weight`, none above its `demand`; what one cannot use
+    goes to the others; the units left by rounding go one each in `order` (first: most entitled)."""
+    out = {k: 0 for k in demand}
+    left = total
+    open_ = [k for k in order if demand[k] > 0]
+    while left > 0 and open_:
+        w = sum(weight[k] for k in open_)
+        give = {k: min(demand[k] - out[k], math.floor(left * weight[k] / w)) for k in open_}
+        if not any(give.values()):
+            for k in open_:  # rounding: one each, by order
+                if left == 0:
+                    break
+                out[k] += 1
+                left -= 1
+        else:
+            for k, g in give.items():
+                out[k] += g
+                left -= g
+        open_ = [k for k in open_ if out[k] < demand[k]]
+    return out
+
+
+@dataclass
+class FairShare:
+    """`inner` with tenants kept to their shares (see the module docstring). `shares`: account -> its
+    share (1 when not named); users in an account share it equally. `half_life`: seconds (inf: no decay)."""
+
+    inner: Policy
+    shares: Mapping[str, float] = field(default_factory=dict)
+    half_life: float = DEFAULT_HALF_LIFE_S
+    state: TenantUsage = field(default_factory=TenantUsage)
+
+    def __post_init__(self) -> None:
+        bad = [a for a, s in self.shares.items() if not (isinstance(s, (int, float)) and s > 0 and math.isfinite(s))]
+        if bad:
+            raise ValueError(f"share of account {bad[0]!r} must be a positive number, not {self.shares[bad[0]]!r}")
+        if not self.half_life > 0:
+            raise ValueError(f"half_life {self.half_life} must be a positive number of seconds")
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def __getattr__(self, attr: str) -> Any:
+        # quantum, elastic, rotation_grid, next_decision, seed: the inner policy's.
+        if attr in ("inner", "shares", "half_life", "state"):
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    def caps(self, view: ClusterView) -> dict[Tenant, int]:
+        """Each tenant with active jobs -> the GPUs it may hold this round."""
+        demand: Counter[Tenant] = Counter()
+        for j in view.active:
+            demand[tenant_of(j)] += j.spec.max_gpus
+        usage = self.state.usage
+
+        def stride(key: tuple[float, float]) -> float:
+            return key[0] / key[1]
+
+        accounts = sorted({a for a, _ in demand})
+        acct_demand = {a: sum(d for (aa, _), d in demand.items() if aa == a) for a in accounts}
+        acct_share = {a: float(self.shares.get(a, 1.0)) for a in accounts}
+        acct_use = {a: sum(u for (aa, _), u in usage.items() if aa == a) for a in accounts}
+        order = sorted(accounts, key=lambda a: (stride((acct_use[a], acct_share[a])), a))
+        total = len(view.topology.all_gpus())
+        per_acct = water_fill(total, acct_demand, acct_share, order)
+        out: dict[Tenant, int] = {}
+        for a in accounts:
+            users = sorted(u for aa, u in demand if aa == a)
+            u_order = sorted(users, key=lambda u: (usage.get((a, u), 0.0), u))
+            got = water_fill(per_acct[a], {u: demand[(a, u)] for u in users}, dict.fromkeys(users, 1.0), u_order)
+            out.update({(a, u): g for u, g in got.items()})
+        return out
+
+    def decide(self, view: ClusterView, now: float) -> Plan:
+        self.state.update(view, self.half_life)
+        tenants = {tenant_of(j) for j in view.active}
+        if len(tenants) < 2:
+            return self.inner.decide(view, now)
+        caps = self.caps(view)
+        held: Counter[Tenant] = Counter()
+        for j in view.running:
+            held[tenant_of(j)] += j.gpus
+        waiting = {tenant_of(j) for j in view.waiting}
+        unmet = sum(max(0, caps[t] - held[t]) for t in waiting)
+        released = self._release(view, caps, held, unmet - len(view.free_gpus()) if unmet else 0)
+        after = Counter(held)
+        for j in released:
+            after[tenant_of(j)] -= j.gpus
+        gone = {j.job_id for j in released}
+        jobs: list[Job] = []
+        for j in view.jobs:
+            t = tenant_of(j)
+            if j.job_id in gone or (unmet and j.state.waiting and after[t] >= caps.get(t, 0)):
+                continue
+            if j.state is JobState.RUNNING and after[t] >= caps.get(t, 0) and j.spec.max_gpus > j.gpus:
+                j = j.evolve(spec=replace(j.spec, max_gpus=max(j.spec.min_gpus, j.gpus)))
+            jobs.append(j)
+        inner_view = replace(view, jobs=tuple(jobs))
+        plan = self.inner.decide(inner_view, now)
+        plan = keep_to_caps(plan, inner_view, caps, after)
+        own = tuple(Decision(Action.SUSPEND, j.job_id, reason="fair share: tenant above its share") for j in released)
+        return Plan(own + plan.decisions)
+
+    def _release(self, view: ClusterView, caps: Mapping[Tenant, int], held: Counter[Tenant], need: int) -> list[Job]:
+        """Running jobs of tenants above their caps to suspend for `need` GPUs: the tenant furthest above
+        first, its most-served job first."""
+        out: list[Job] = []
+        over = Counter({t: held[t] - caps.get(t, 0) for t in held if held[t] > caps.get(t, 0)})
+        if need <= 0 or not over:
+            return out
+        by_tenant: dict[Tenant, list[Job]] = {}
+        for j in view.running:
+            by_tenant.setdefault(tenant_of(j), []).append(j)
+        for jobs in by_tenant.values():
+            jobs.sort(key=lambda j: (-j.attained_service, j.job_id))
+        while need > 0:
+            cands = [t for t, n in over.items() if n > 0 and by_tenant.get(t)]
+            if not cands:
+                break
+            t = max(cands, key=lambda t: (over[t], t))
+            j = by_tenant[t].pop(0)
+            out.append(j)
+            over[t] -= j.gpus
+            need -= j.gpus
+        return out
+
+
+def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held: Mapping[Tenant, int]) -> Plan:
+    """`plan` without the starts and resumes that would leave a tenant past its cap (the most-served of
+    its takes go first), nor the suspends whose GPUs no kept decision then uses; repeated until it holds
+    (a dropped take can leave a suspend unused, and a kept suspend is what made room for a take)."""
+    decisions = list(plan.decisions)
+    pruning = False  # suspends are pruned only once a take was dropped: the inner plan stands otherwise
+    while True:
+        used: set[GpuRef] = {
+            g for d in decisions if d.action is not Action.SUSPEND and d.placement for g in d.placement.gpus
+        }
+        kept = [
+            d for d in decisions
+            if not pruning
+            or d.action is not Action.SUSPEND
+            or (p := view.job(d.job_id).placement) is None
+            or used.intersection(p.gpus)
+        ]
+        count: Counter[Tenant] = Counter(held)
+        takes: dict[Tenant, list[Decision]] = {}
+        for d in kept:
+            j = view.job(d.job_id)
+            new = 0 if d.action is Action.SUSPEND or d.placement is None else d.placement.count
+            count[tenant_of(j)] += new - j.gpus
+            if d.action in _TAKES:
+                takes.setdefault(tenant_of(j), []).append(d)
+        over = sorted(t for t in takes if count[t] > caps.get(t, 0))
+        if not over:
+            return plan if len(kept) == len(plan.decisions) else Plan(tuple(kept))
+        t = over[0]
+        drop = max(takes[t], key=lambda d: (view.job(d.job_id).attained_service, d.job_id))
+        decisions = [d for d in kept if d is not drop]
+        pruning = True

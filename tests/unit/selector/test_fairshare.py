@@ -1,0 +1,89 @@
+"""The fair-share layer's pure parts: the hierarchical split, the decayed usage, the cap on a plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Placement, Topology
+from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.selector import make_policy
+from slurm_gandiva.selector.fairshare import FairShare, TenantUsage, keep_to_caps, water_fill
+
+
+def job(jid: str, user: str, account: str = "", gpus: int = 1, at: GpuRef | None = None, served: float = 0.0) -> Job:
+    spec = JobSpec(jid, user, gpus, gpus, 0.0, account=account)
+    if at is None:
+        return Job(spec, attained_service=served)
+    return Job(spec, JobState.RUNNING, Placement((at,)), attained_service=served)
+
+
+TOPO = Topology.uniform(2, 4)
+G = TOPO.all_gpus()
+
+
+def test_water_fill_by_weight_demand_and_order() -> None:
+    assert water_fill(9, {"p": 100, "b": 100}, {"p": 2.0, "b": 1.0}, ["p", "b"]) == {"p": 6, "b": 3}
+    assert water_fill(8, {"p": 2, "b": 100}, {"p": 2.0, "b": 1.0}, ["p", "b"]) == {"p": 2, "b": 6}  # lends
+    assert water_fill(3, {"p": 9, "b": 9}, {"p": 1.0, "b": 1.0}, ["b", "p"]) == {"p": 1, "b": 2}  # rounding by order
+
+
+def test_caps_split_accounts_by_share_then_users_equally() -> None:
+    jobs = [job(f"p{u}{i}", u, "physics") for u in ("ann", "al") for i in range(8)]
+    jobs += [job(f"b{i}", "bea", "bio") for i in range(8)]
+    fair = FairShare(make_policy("fifo"), {"physics": 2, "bio": 1})
+    caps = fair.caps(ClusterView(Topology.uniform(3, 4), tuple(jobs)))
+    assert caps == {("physics", "ann"): 4, ("physics", "al"): 4, ("bio", "bea"): 4}
+
+
+def test_usage_decays_by_half_life() -> None:
+    state = TenantUsage()
+    state.update(ClusterView(TOPO, (job("a", "alice", served=100.0),), now=0.0), half_life=10.0)
+    state.update(ClusterView(TOPO, (job("a", "alice", served=100.0),), now=10.0), half_life=10.0)
+    assert state.usage[("", "alice")] == pytest.approx(50.0)
+    state.update(ClusterView(TOPO, (job("a", "alice", served=130.0),), now=10.0), half_life=10.0)
+    assert state.usage[("", "alice")] == pytest.approx(80.0)
+
+
+def test_over_cap_tenant_gives_back_gpus_to_a_waiting_one() -> None:
+    jobs = [job(f"a{i}", "alice", at=G[i], served=100.0 + i) for i in range(8)]
+    jobs += [job(f"a{i}", "alice") for i in range(8, 12)] + [job(f"b{i}", "bob") for i in range(4)]
+    plan = FairShare(make_policy("fifo")).decide(ClusterView(TOPO, tuple(jobs), now=600.0), 600.0)
+    suspended = {d.job_id for d in plan.decisions if d.action is Action.SUSPEND}
+    started = {d.job_id for d in plan.decisions if d.action is Action.START}
+    assert suspended == {"a4", "a5", "a6", "a7"}  # alice's most-served
+    assert started == {"b0", "b1", "b2", "b3"}  # bob's, not alice's earlier-submitted jobs
+    assert not ClusterView(TOPO, tuple(jobs)).consistency_errors()
+    after = plan.apply(ClusterView(TOPO, tuple(jobs), now=600.0))
+    assert not after.consistency_errors()
+
+
+def test_keep_to_caps_drops_the_take_and_the_suspend_that_made_room() -> None:
+    a = job("a0", "alice", at=G[0], served=5.0)
+    b = job("b0", "bob", at=G[1], served=9.0)
+    w = job("a1", "alice")
+    view = ClusterView(TOPO, (a, b, w))
+    plan = Plan((Decision(Action.SUSPEND, "b0"), Decision(Action.START, "a1", Placement((G[1],)))))
+    caps = {("", "alice"): 1, ("", "bob"): 1}
+    assert keep_to_caps(plan, view, caps, {("", "alice"): 1, ("", "bob"): 1}) == Plan()
+    within = Plan((Decision(Action.SUSPEND, "a0"), Decision(Action.START, "a1", Placement((G[0],)))))
+    assert keep_to_caps(within, view, caps, {("", "alice"): 1, ("", "bob"): 1}) == within  # alice rotates in hers
+
+
+def test_bad_shares_and_half_life_are_refused() -> None:
+    with pytest.raises(ValueError, match="share of account 'bio'"):
+        FairShare(make_policy("fifo"), {"bio": 0})
+    with pytest.raises(ValueError, match="half_life"):
+        FairShare(make_policy("fifo"), half_life=0)
+
+
+def test_config_fairness_keys_are_checked() -> None:
+    from slurm_gandiva.config import parse_config
+    from slurm_gandiva.errors import ConfigError
+
+    assert parse_config("").fairness == "none"
+    cfg = parse_config("fairness = shares\nfairness_half_life = 3600\n")
+    assert (cfg.fairness, cfg.fairness_half_life) == ("shares", 3600.0)
+    with pytest.raises(ConfigError, match=r"^gandiva\.conf:2: fairness must be none or shares"):
+        parse_config("quantum = 60\nfairness = tickets\n")
+    with pytest.raises(ConfigError, match=r"^gandiva\.conf:1: fairness_half_life must be a positive"):
+        parse_config("fairness_half_life = -1\n")
