@@ -15,6 +15,7 @@ from slurm_gandiva.model import GpuRef, Placement, Topology
 T = TypeVar("T")
 
 TEST_USER = "gandiva-test"
+OTHER_USER = "gandiva-test2"  # the second ordinary user of the two-user tests
 
 TWO_BY_FOUR = Topology.uniform(2, 4, gpus_per_switch=2, sockets=2)  # per node: switch 0 = GPUs 0,1; 1 = 2,3
 

@@ -12,6 +12,16 @@ import pytest
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import SlurmError
 from slurm_gandiva.slurm.base import SlurmBackend
+from tests.helpers import OTHER_USER, TEST_USER, ensure_user
+
+
+@pytest.fixture(scope="module")
+def users() -> tuple[str, str]:
+    """(A, B): the two ordinary users of the two-user tests (B the attacker where there is one)."""
+    try:
+        return ensure_user(TEST_USER), ensure_user(OTHER_USER)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture

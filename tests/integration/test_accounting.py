@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from slurm_gandiva.devcluster.cluster import DevCluster
-from tests.helpers import TEST_USER, ensure_user, run_as, wait_for
+from tests.helpers import OTHER_USER, TEST_USER, ensure_user, run_as, wait_for
 
 pytestmark = pytest.mark.slurm
 
-OTHER_USER = "gandiva-test2"
 
 
 @pytest.fixture(scope="module")

@@ -20,19 +20,10 @@ from slurm_gandiva.controller.claims import CLAIM_IGNORED
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.requeue.namespace import is_marked
 from slurm_gandiva.slurm.base import SlurmBackend
-from tests.helpers import TEST_USER, ensure_user
 from tests.integration.test_controller import Env, make_env, wait_for
-from tests.integration.test_hostile import OTHER_USER, gsbatch
+from tests.integration.test_hostile import gsbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
-
-
-@pytest.fixture(scope="module")
-def users() -> tuple[str, str]:
-    try:
-        return ensure_user(TEST_USER), ensure_user(OTHER_USER)
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ import pytest
 from slurm_gandiva.controller.service import BACKOFF_EVENT
 from slurm_gandiva.devcluster.cluster import CPUS_PER_NODE, DevCluster
 from slurm_gandiva.slurm.base import SlurmBackend
-from tests.helpers import TEST_USER, ensure_user, run_as
+from tests.helpers import OTHER_USER, TEST_USER, ensure_user, run_as
 from tests.integration.test_controller import Env, make_env, wait_for
-from tests.integration.test_hostile import OTHER_USER, gsbatch
+from tests.integration.test_hostile import gsbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 

@@ -28,21 +28,11 @@ from job_wrapper import checkpoint as ckpt
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.requeue.namespace import is_marked, private_name
 from slurm_gandiva.slurm.base import SlurmBackend
-from tests.helpers import TEST_USER, ensure_user, run_as
+from tests.helpers import run_as
 from tests.integration.test_controller import GANDIVA, TRAIN, WRAPPER, Env, make_env, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
-OTHER_USER = "gandiva-test2"
-
-
-@pytest.fixture(scope="module")
-def users() -> tuple[str, str]:
-    """(A, B): two ordinary users."""
-    try:
-        return ensure_user(TEST_USER), ensure_user(OTHER_USER)
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
 
 
 def _one_line(text: str) -> str:

@@ -22,20 +22,11 @@ import pytest
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.requeue.namespace import is_marked, job_comment, private_name
 from slurm_gandiva.slurm.base import SlurmBackend
-from tests.helpers import TEST_USER, ensure_user, run_as
+from tests.helpers import run_as
 from tests.integration.test_controller import make_env, wait_for
-from tests.integration.test_hostile import OTHER_USER, _finished, _squeue_reason, gsbatch, next_job_id
+from tests.integration.test_hostile import _finished, _squeue_reason, gsbatch, next_job_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
-
-
-@pytest.fixture(scope="module")
-def users() -> tuple[str, str]:
-    """(A, B): two ordinary users, B the attacker."""
-    try:
-        return ensure_user(TEST_USER), ensure_user(OTHER_USER)
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
 
 
 @pytest.fixture
