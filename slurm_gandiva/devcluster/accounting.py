@@ -15,6 +15,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,16 +91,21 @@ class Accounting:
         """mariadb-install-db into an empty datadir (once)."""
         if (self.datadir / "mysql").is_dir():
             return
-        self.datadir.mkdir(parents=True, exist_ok=True)
-        out = subprocess.run(
-            [_which("mariadb-install-db"), "--no-defaults", f"--datadir={self.datadir}", "--user=root",
-             "--auth-root-authentication-method=socket", "--skip-test-db"],
-            capture_output=True, text=True, timeout=120, check=False,
-        )
-        if out.returncode != 0:
+        # Three tries: with several clusters initialising at once (CI runs releases side by side) one
+        # bootstrap was seen to abort at once; a fresh datadir a moment later succeeds.
+        for attempt in range(3):
+            self.datadir.mkdir(parents=True, exist_ok=True)
+            out = subprocess.run(
+                [_which("mariadb-install-db"), "--no-defaults", f"--datadir={self.datadir}", "--user=root",
+                 "--auth-root-authentication-method=socket", "--skip-test-db"],
+                capture_output=True, text=True, timeout=120, check=False,
+            )
+            if out.returncode == 0:
+                return
             shutil.rmtree(self.datadir, ignore_errors=True)
-            why = (out.stderr.strip() or out.stdout.strip()).splitlines() or ["no output"]
-            raise ConfigError(f"mariadb-install-db failed ({why[-1]}): see `mariadb-install-db --help`")
+            time.sleep(1.0 + attempt)
+        why = [ln for ln in (out.stderr + out.stdout).splitlines() if "ERROR" in ln] or ["no output"]
+        raise ConfigError(f"mariadb-install-db failed ({'; '.join(why[-3:])}): see `mariadb-install-db --help`")
 
     def sql(self, statements: str) -> subprocess.CompletedProcess[str]:
         """Run SQL as MariaDB's root over the server's socket."""

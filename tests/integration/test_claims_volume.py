@@ -72,8 +72,9 @@ def test_a_job_whose_progress_lies_is_stopped_by_a_rotation(
     t0 = time.time()
     # Quantum 15 s, a done claim is spared 30 s at most and never more than a quantum: B's job runs at
     # the rotation after, as it would against any job (without the bound: never).
-    wait_for(lambda: slurm.job(other).state == "RUNNING", 120, "B's job to take the GPU from the liar")
-    assert time.time() - t0 < 90
+    # Without the bound never; with it a rotation or two (92 s was seen with three suites on 2 cores).
+    wait_for(lambda: slurm.job(other).state == "RUNNING", 180, "B's job to take the GPU from the liar")
+    assert time.time() - t0 < 150
     assert slurm.job(liar).state != "RUNNING"
     store = env.store()
     try:
