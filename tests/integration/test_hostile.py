@@ -175,7 +175,7 @@ def test_managed_options_and_bad_signals_are_refused(
     proc = gsbatch(slurm_cluster, a, *args, "--", "true")
     line = _one_line(proc.stderr)
     assert proc.returncode != 0 and says in line, line
-    assert {j.job_id for j in slurm.jobs()} == before  # nothing reached Slurm
+    assert {j.job_id for j in slurm.jobs()} - before == set()  # nothing reached Slurm (older jobs may leave)
 
 
 @pytest.fixture(scope="module")
