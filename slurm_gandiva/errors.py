@@ -31,6 +31,12 @@ class SlurmUnreachable(SlurmError):
     exit_code = 3
 
 
+class AccountingUnavailable(SlurmError):
+    """Slurm's accounting (slurmdbd) cannot be read: down, or off (AccountingStorageType=none)."""
+
+    exit_code = 3
+
+
 class PermissionDenied(SlurmError):
     """The caller may not act on this job."""
 

@@ -369,6 +369,42 @@ class Job:
 
 
 @dataclass(frozen=True)
+class GpuLimit:
+    """At most `gpus` GPUs held at once by the jobs in one scope: Slurm's `GrpTRES=gres/gpu=N` on an
+    association (`account`, with `user` for a user's own association) or on a QOS (`qos`), or with
+    `per_user` its `MaxTRESPerUser=gres/gpu=N` (each user's jobs in that scope counted apart)."""
+
+    gpus: int
+    account: str = ""
+    user: str = ""
+    qos: str = ""
+    per_user: bool = False
+
+    def scope(self, spec: JobSpec) -> tuple[str, ...] | None:
+        """The counter `spec`'s GPUs add to under this limit (jobs with the same one share the cap), or
+        None when the limit does not cover the job."""
+        if self.qos:
+            if spec.qos != self.qos:
+                return None
+        elif spec.account != self.account or (self.user and spec.user != self.user):
+            return None
+        return (self.account, self.user, self.qos, spec.user if self.per_user else "")
+
+
+@dataclass(frozen=True)
+class Tenants:
+    """The cluster's tenants as Slurm's accounting holds them (read through slurm/, at most once a round).
+
+    `shares`: account -> its RawShares (Fairshare=). `user_shares`: (account, user) -> the user's RawShares
+    within the account. `limits`: the association and QOS GPU limits. An account or user not named has
+    share 1; no limit means none."""
+
+    shares: Mapping[str, float] = field(default_factory=dict)
+    user_shares: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    limits: tuple[GpuLimit, ...] = ()
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """An immutable snapshot of the cluster and the managed jobs: the input of every policy.
 
@@ -380,7 +416,9 @@ class ClusterView:
     array's %MAX throttle); a group not named here is not capped. Every policy keeps within it: a
     time-slicing one rotates a group's jobs through its places. `same_gpus_per_node`: a job placed across
     nodes gets the same GPU indices on every node, as many on each (Slurm's gres request is per node);
-    placements across nodes are then only such even spans (the simulator may place freely).
+    placements across nodes are then only such even spans (the simulator may place freely). `tenants`: the
+    accounts' shares and GPU limits from Slurm's accounting (None: not read; the fair-share layer then
+    uses its own configured shares).
     """
 
     topology: Topology
@@ -390,6 +428,7 @@ class ClusterView:
     packing: bool = True
     group_caps: Mapping[str, int] = field(default_factory=dict)
     same_gpus_per_node: bool = False
+    tenants: Tenants | None = None
 
     def group_cap(self, job: Job) -> int | None:
         """The most jobs of `job`'s group that may run at once (None: no cap)."""

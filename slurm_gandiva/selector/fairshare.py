@@ -6,7 +6,9 @@ Tenants are Slurm's association tree cut at two levels: the account (`JobSpec.ac
 it. Each round, among the tenants with active jobs only (work-conserving: an idle tenant's share goes to
 the others at once), the up GPUs are water-filled by share: an account gets GPUs in proportion to its
 share (`shares`, 1 when not named) up to what its jobs can use (the sum of their `max_gpus`), what it
-cannot use goes to the others; within an account its users split its GPUs equally the same way. Whole
+cannot use goes to the others; within an account its users split its GPUs the same way, by their own
+shares (equally when none are named). The shares are the view's (`ClusterView.tenants`, read from Slurm's
+accounting by the controller) when it has them, else the ones given here. Whole
 GPUs are handed out by stride order (Gandiva-fair, EuroSys'20: pass = attained GPU-seconds / tickets,
 lowest first), with the attained GPU-seconds decayed by a half-life as Slurm's `PriorityDecayHalfLife`
 decays usage (priority_multifactor.c; Fair Tree ranks accounts, then users in them, the same way).
@@ -22,8 +24,8 @@ The inner policy then decides on a view that keeps each tenant within its GPUs (
   first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is dropped
   too, so no tenant loses a GPU to a start that was dropped.
 
-Not done here (later slices of issue 30): shares and decayed usage read from slurmdbd (`sshare`), QOS and
-association GPU limits (GrpTRES), a catch-up beyond the share for a tenant that was under-served long.
+Not done here: a catch-up beyond the share for a tenant that was under-served long. The GPU limits of
+associations and QOS (`Tenants.limits`) are a rule of the round (selector/round.py), as array caps are.
 
 The decayed usage is the one state carried between rounds, explicitly: `TenantUsage`, which `decide`
 updates from the view (each job's `attained_service` since the last round; a job that finished between
@@ -141,7 +143,9 @@ class FairShare:
 
         accounts = sorted({a for a, _ in demand})
         acct_demand = {a: sum(d for (aa, _), d in demand.items() if aa == a) for a in accounts}
-        acct_share = {a: float(self.shares.get(a, 1.0)) for a in accounts}
+        shares = view.tenants.shares if view.tenants is not None else self.shares
+        user_shares = view.tenants.user_shares if view.tenants is not None else {}
+        acct_share = {a: float(shares.get(a, 1.0)) for a in accounts}
         acct_use = {a: sum(u for (aa, _), u in usage.items() if aa == a) for a in accounts}
         order = sorted(accounts, key=lambda a: (stride((acct_use[a], acct_share[a])), a))
         total = len(view.topology.all_gpus())
@@ -150,7 +154,8 @@ class FairShare:
         for a in accounts:
             users = sorted(u for aa, u in demand if aa == a)
             u_order = sorted(users, key=lambda u: (usage.get((a, u), 0.0), u))
-            got = water_fill(per_acct[a], {u: demand[(a, u)] for u in users}, dict.fromkeys(users, 1.0), u_order)
+            weight = {u: float(user_shares.get((a, u), 1.0)) for u in users}
+            got = water_fill(per_acct[a], {u: demand[(a, u)] for u in users}, weight, u_order)
             out.update({(a, u): g for u, g in got.items()})
         return out
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from slurm_gandiva.model import Tenants
     from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
 
@@ -43,6 +44,9 @@ class SlurmJob:
     array_id: str = ""  # the job array's id when this is one of its tasks (job_id is then "ARRAY_TASK")
     array_max_tasks: int = 0  # the array's %MAX throttle: at most this many of its tasks run at once; 0: none
     min_cpus_per_node: int = 0  # CPUs each of its nodes must give it (MinCPUsNode); 0: unknown
+    min_memory_per_node: int = 0  # MB each of its nodes must give it (MinMemoryNode, or per CPU x CPUs); 0: none
+    account: str = ""  # the Slurm account it runs under ("" where accounting is off)
+    qos: str = ""  # its QOS ("" where accounting is off)
 
     @property
     def pending(self) -> bool:
@@ -135,3 +139,7 @@ class SlurmBackend(Protocol):
 
     def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
         """scancel JOB."""
+
+    def tenants(self) -> Tenants:
+        """The accounts' and users' shares and the association and QOS GPU limits, from slurmdbd (sacctmgr
+        and sshare); raises AccountingUnavailable when slurmdbd cannot be reached or accounting is off."""

@@ -224,7 +224,18 @@ def parse_job(raw: Mapping[str, Any]) -> SlurmJob:
         work_dir=text(raw.get("current_working_directory")),
         std_out=text(raw.get("standard_output")),
         min_cpus_per_node=number(raw.get("minimum_cpus_per_node"), 0),
+        min_memory_per_node=memory_per_node(raw),
+        account=text(raw.get("account")),
+        qos=text(raw.get("qos")),
     )
+
+
+def memory_per_node(raw: Mapping[str, Any]) -> int:
+    """MB a job needs on each node: its memory_per_node, else memory_per_cpu times its CPUs per node."""
+    per_node = number(raw.get("memory_per_node"), 0)
+    if per_node > 0:
+        return per_node
+    return number(raw.get("memory_per_cpu"), 0) * max(1, number(raw.get("minimum_cpus_per_node"), 0))
 
 
 def array_jobs(raw: Mapping[str, Any], job: SlurmJob) -> Iterator[SlurmJob]:

@@ -62,6 +62,7 @@ from slurm_gandiva.errors import (
     SlurmUnreachable,
     UnknownJob,
 )
+from slurm_gandiva.model import Tenants
 from slurm_gandiva.slurm import parse
 from slurm_gandiva.slurm.base import SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
@@ -214,6 +215,14 @@ def _num(value: Any) -> int:
 
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
+
+
+def _memory_per_node(raw: Any) -> int:
+    """MB a pyslurm job needs on each node: memory_per_node, else memory_per_cpu times its CPUs per node."""
+    per_node = _num(getattr(raw, "memory_per_node", 0))
+    if per_node > 0:
+        return per_node
+    return _num(getattr(raw, "memory_per_cpu", 0)) * max(1, _num(getattr(raw, "min_cpus_per_node", 0)))
 
 
 def base_state(word: str) -> str | None:
@@ -436,6 +445,9 @@ class PyslurmBackend:
             work_dir=_text(raw.working_directory),
             std_out=_text(raw.standard_output),
             min_cpus_per_node=_num(getattr(raw, "min_cpus_per_node", 0)),
+            min_memory_per_node=_memory_per_node(raw),
+            account=_text(getattr(raw, "account", "")),
+            qos=_text(getattr(raw, "qos", "")),
         )
 
     def _nodes(self, raws: Iterable[Any], jobs: tuple[SlurmJob, ...]) -> tuple[SlurmNode, ...]:
@@ -608,6 +620,10 @@ class PyslurmBackend:
             return
         handle = self._ps.Job(int(job.job_id))
         self._act(f"cancel job {jid}", handle.cancel)
+
+    def tenants(self) -> Tenants:
+        """As the CLI backend reads them (sacctmgr and sshare)."""
+        return self.cli.tenants()
 
 
 def array_names(raw: Any) -> tuple[str, ...] | None:

@@ -51,8 +51,9 @@ _ORDER = {
     for i, k in enumerate(
         re.findall(
             r"\S+",
-            """JobId ArrayJobId ArrayTaskId ArrayTaskThrottle JobName UserId Priority JobState Reason Restarts
-        ExitCode SubmitTime StartTime EndTime Partition ReqNodeList NodeList JOB_GRES MinCPUsNode WorkDir
+            """JobId ArrayJobId ArrayTaskId ArrayTaskThrottle JobName UserId Priority Account QOS JobState Reason
+        Restarts ExitCode SubmitTime StartTime EndTime Partition ReqNodeList NodeList JOB_GRES MinCPUsNode
+        MinMemoryNode MinMemoryCPU WorkDir
         Comment StdOut TresPerNode""",
         )
     )
@@ -170,7 +171,20 @@ def record(line: str) -> dict[str, Any]:
         "current_working_directory": _plain(single.get("WorkDir", "")),
         "standard_output": _plain(single.get("StdOut", "")),
         "minimum_cpus_per_node": number(single.get("MinCPUsNode"), 0),
+        "memory_per_node": _megabytes(single.get("MinMemoryNode", "")),
+        "memory_per_cpu": _megabytes(single.get("MinMemoryCPU", "")),
+        "account": _plain(single.get("Account", "")),
+        "qos": _plain(single.get("QOS", "")),
     }
+
+
+_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def _megabytes(value: str) -> int:
+    """scontrol's "1000M" / "4G" / "0" as MB (0 when absent or unreadable)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", value.strip())
+    return int(float(m.group(1)) * _UNITS[m.group(2) or "M"]) if m else 0
 
 
 def records(out: str) -> dict[str, Mapping[str, Any]]:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from slurm_gandiva.errors import ProtocolError, UnknownJob
-from slurm_gandiva.model import GpuRef, Placement
+from slurm_gandiva.model import GpuRef, Placement, Tenants
 from slurm_gandiva.requeue.operations import Op, Operations, OpResult, Outcome, Step, StepRecord
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
@@ -63,6 +63,7 @@ class FakeBackend:
         self.lock = threading.Lock()
         self.caps = SlurmCapabilities.for_release((22, 5, 8))
         self.lose_cancels = 0  # how many of the next cancels Slurm loses
+        self.accounting: Tenants | Exception = Tenants()  # what tenants() returns, or raises
 
     def set(self, job: SlurmJob) -> None:
         with self.lock:
@@ -120,6 +121,12 @@ class FakeBackend:
             for jid, j in list(self.jobs_by_id.items()):
                 if (jid == job_id or j.array_id == job_id) and not j.finished:
                     self.jobs_by_id[jid] = replace(j, state="CANCELLED")
+
+    def tenants(self) -> Tenants:
+        self.calls.append(("tenants", ""))
+        if isinstance(self.accounting, Exception):
+            raise self.accounting
+        return self.accounting
 
 
 class FakeProtocol(Operations):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, UnknownJob
+from slurm_gandiva.model import Tenants
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
@@ -273,3 +274,6 @@ class FakeSlurm:
 
     def cancel(self, job_id: str, *, as_user: str | None = None) -> None:
         self._get(job_id).state = "CANCELLED"
+
+    def tenants(self) -> Tenants:
+        return Tenants()

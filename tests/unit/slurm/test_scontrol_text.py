@@ -100,3 +100,13 @@ def test_a_description_in_place_of_the_reason_is_refused() -> None:
 def test_a_line_without_the_keys_it_needs_is_refused() -> None:
     with pytest.raises(parse.ParseError):
         scontrol_text.record("JobId=5 JobName=x")
+
+
+def test_account_qos_and_memory_are_read() -> None:
+    line = LINES[0].replace("Account=(null) QOS=(null)", "Account=physics QOS=normal")
+    (job,) = jobs(line.replace("MinMemoryNode=0", "MinMemoryNode=2G")).values()
+    assert (job.account, job.qos, job.min_memory_per_node) == ("physics", "normal", 2048)
+    (plain,) = jobs(LINES[0]).values()
+    assert (plain.account, plain.qos, plain.min_memory_per_node) == ("", "", 0)
+    per_cpu = LINES[0].replace("MinMemoryNode=0", "MinMemoryCPU=500M")
+    assert jobs(per_cpu)["1"].min_memory_per_node == 500  # MinCPUsNode=1
