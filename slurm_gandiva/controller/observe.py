@@ -262,6 +262,9 @@ def job_from(inp: JobInputs, topology: Topology, now: float, max_nodes: int | No
         spec = replace(spec, max_nodes=max_nodes)
     if spec.cpus_per_node != sj.min_cpus_per_node:
         spec = replace(spec, cpus_per_node=sj.min_cpus_per_node)
+    # What Slurm holds the job to (its association and QOS, its memory), not what the spec file says.
+    if (spec.account, spec.qos, spec.mem_per_node_mb) != (sj.account, sj.qos, sj.min_memory_per_node):
+        spec = replace(spec, account=sj.account, qos=sj.qos, mem_per_node_mb=sj.min_memory_per_node)
     rates = rate_table(inp.rates)
     measured: float | None = None
     slice_start = open_slice.start if (open_slice and state is JobState.RUNNING) else None
