@@ -1,49 +1,17 @@
 """Slurm's own accounting on a devcluster (`up --accounting`, issue 30 item 1): a MariaDB and a slurmdbd of the
 slurmctld's release; accounts physics (2 shares) and bio (1); Slurm's sacct, sshare and its enforcement.
 
-One small cluster of its own for the module (1 node, 2 GPUs), ports from GANDIVA_TEST_PORT_BASE + 800.
+The accounting cluster (`acct_cluster`, tests/integration/conftest.py) is shared with the tenants' tests.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from slurm_gandiva.devcluster.cluster import DevCluster
-from tests.helpers import OTHER_USER, TEST_USER, ensure_user, run_as, wait_for
+from tests.helpers import OTHER_USER, TEST_USER, run_as, wait_for
 
 pytestmark = pytest.mark.slurm
-
-
-
-@pytest.fixture(scope="module")
-def acct_cluster(test_user: str) -> Iterator[DevCluster]:
-    """A running devcluster with accounting, accounts physics/bio and one user in each; stopped afterwards."""
-    ensure_user(OTHER_USER)
-    base = int(os.environ.get("GANDIVA_TEST_PORT_BASE", "16800")) + 800
-    cluster = DevCluster(tempfile.mkdtemp(prefix="gandiva-acct-"), nodes=1, gpus_per_node=2, port_base=base,
-                         accounting=True)
-    try:
-        try:
-            cluster.up()
-            cluster.add_account("physics", fairshare=2)
-            cluster.add_account("bio", fairshare=1)
-            cluster.add_user(test_user, "physics")
-            cluster.add_user(OTHER_USER, "bio")
-        except Exception as exc:
-            pytest.fail(f"the devcluster with accounting did not start on port base {base}: {exc}")
-        yield cluster
-    finally:
-        pids = [d.pid for d in cluster.status().daemons if d.pid is not None]
-        cluster.down()
-        assert not any(Path(f"/proc/{p}/cmdline").exists() and Path(f"/proc/{p}/cmdline").read_bytes()
-                       for p in pids), "a daemon of the accounting cluster outlived down()"
-        shutil.rmtree(cluster.state_dir, ignore_errors=True)
 
 
 def _sbatch(cluster: DevCluster, user: str, *options: str) -> tuple[int, str, str]:
@@ -54,7 +22,8 @@ def _sbatch(cluster: DevCluster, user: str, *options: str) -> tuple[int, str, st
 
 def test_daemons_and_slurmdbd_conf(acct_cluster: DevCluster) -> None:
     status = acct_cluster.status()
-    assert {d.name for d in status.daemons if d.running} == {"slurmctld", "slurmd-n1", "slurmdbd", "mariadb"}
+    running = {d.name for d in status.daemons if d.running}
+    assert running == {"slurmctld", "slurmd-n1", "slurmd-n2", "slurmdbd", "mariadb"}
     st = (acct_cluster.etc / "slurmdbd.conf").stat()
     assert (st.st_mode & 0o777, st.st_uid) == (0o600, 0)
 
