@@ -21,7 +21,7 @@ from slurm_gandiva.errors import (
     UnknownJob,
 )
 from slurm_gandiva.model import Tenants
-from slurm_gandiva.slurm import parse, scontrol_text
+from slurm_gandiva.slurm import accounting, parse, scontrol_text
 from slurm_gandiva.slurm.base import SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.slurm.gres import parse_gres, requested_gres, write_gres
@@ -453,8 +453,17 @@ class CliBackend:
                 raise
 
     def tenants(self) -> Tenants:
-        """Not read yet (issue 30 adds the sacctmgr / sshare reader)."""
-        raise AccountingUnavailable("accounts' shares are not read from slurmdbd yet: run with fairness = none")
+        """Shares and GPU limits from two `sacctmgr` listings (slurm/accounting.py); AccountingUnavailable
+        when slurmdbd does not answer or accounting is off."""
+        try:
+            assoc = self._run(list(accounting.ASSOC_ARGV), "sacctmgr show associations")
+            qos = self._run(list(accounting.QOS_ARGV), "sacctmgr show qos")
+        except SlurmError as exc:
+            raise AccountingUnavailable(
+                f"cannot read accounts from slurmdbd ({exc}): is slurmdbd running and AccountingStorageType "
+                "accounting_storage/slurmdbd? (`sacctmgr show associations` must work)"
+            ) from None
+        return accounting.read_tenants(assoc, qos)
 
 
 def _job_id(job_id: str) -> str:

@@ -113,6 +113,16 @@ def gres_gpu_count(gres: str) -> int:
     return sum(g.count for g in parse_gres(gres) if g.name == "gpu")
 
 
+def tres_gpus(tres: str) -> int | None:
+    """The untyped GPU count of a TRES limit, e.g. "cpu=8,gres/gpu=2" -> 2 (sacctmgr's GrpTRES); None
+    when it names none (a typed `gres/gpu:a100=N` alone limits that type only: not counted here)."""
+    for item in tres.split(","):
+        key, _, value = item.strip().partition("=")
+        if key == "gres/gpu" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
 def parse_index_spec(spec: str) -> tuple[int, ...]:
     """"0-1,3" -> (0, 1, 3); "" / "N/A" -> ()."""
     spec = spec.strip()

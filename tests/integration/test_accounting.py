@@ -9,6 +9,10 @@ from __future__ import annotations
 import pytest
 
 from slurm_gandiva.devcluster.cluster import DevCluster
+from slurm_gandiva.errors import AccountingUnavailable
+from slurm_gandiva.model import GpuLimit
+from slurm_gandiva.slurm import make_backend
+from slurm_gandiva.slurm.base import SlurmBackend
 from tests.helpers import OTHER_USER, TEST_USER, run_as, wait_for
 
 pytestmark = pytest.mark.slurm
@@ -62,3 +66,26 @@ def test_slurm_refuses_an_unknown_account_and_a_user_without_one(acct_cluster: D
     assert rc != 0 and "invalid account" in err.lower(), err
     queued = acct_cluster._slurm(["squeue", "-h", "-o", "%u|%a"])
     assert queued.stdout.strip() == ""
+
+
+def test_the_backend_reads_shares_and_gpu_limits_from_slurmdbd(acct_cluster: DevCluster) -> None:
+    backend = make_backend(acct_cluster.env)
+    acct_cluster.sacctmgr(["modify", "account", "bio", "set", "GrpTRES=gres/gpu=2"])
+    acct_cluster.sacctmgr(["add", "qos", "tiny", "set", "GrpTRES=gres/gpu=1", "MaxTRESPerUser=gres/gpu=1"])
+    try:
+        t = backend.tenants()
+        assert t.shares == pytest.approx({"physics": 0.5, "bio": 0.25})  # root's user root holds the last 1/4
+        assert t.user_shares[("physics", TEST_USER)] == 1.0 and t.user_shares[("bio", OTHER_USER)] == 1.0
+        assert {GpuLimit(2, account="bio"), GpuLimit(1, qos="tiny"), GpuLimit(1, qos="tiny", per_user=True)} \
+            == set(t.limits)
+    finally:
+        acct_cluster.sacctmgr(["modify", "account", "bio", "set", "GrpTRES=gres/gpu=-1"])
+        acct_cluster.sacctmgr(["delete", "qos", "tiny"])
+    assert backend.tenants().limits == ()
+
+
+def test_a_cluster_without_accounting_says_so_in_one_line(slurm: SlurmBackend) -> None:
+    with pytest.raises(AccountingUnavailable) as err:
+        slurm.tenants()
+    assert len(str(err.value).splitlines()) == 1 and "slurmdbd" in str(err.value)
+

@@ -1,0 +1,102 @@
+"""Slurm's accounting as the fair-share layer reads it: shares and GPU limits, from slurmdbd.
+
+    tenants = read_tenants(assoc_out, qos_out)   # `sacctmgr -nP show assoc/qos format=...` output
+
+Two parsable listings (the fields below print the same from 22.05 to 26.05):
+- the associations (`ASSOC_FORMAT`): an account's row (no user) gives its RawShares (`Fairshare=`) and its
+  `GrpTRES=gres/gpu=N`; a user's row gives the user's shares within the account and its own GrpTRES;
+- the QOS (`QOS_FORMAT`): `GrpTRES=gres/gpu=N` (all jobs of the QOS) and `MaxTRESPerUser=gres/gpu=N`.
+
+An account's share is its normalised share down Slurm's tree (RawShares over its siblings', users' rows
+included, times its parent's), as `sshare` prints NormShares: accounts at different depths compare as
+Slurm compares them. `Fairshare=parent` counts as the parent's share (a user's row: 1, one equal share).
+A limit of an account covers the jobs run under that account (not those of its sub-accounts). Per-job
+limits (MaxTRES) are not concurrency caps and are left to Slurm.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from slurm_gandiva.errors import AccountingUnavailable
+from slurm_gandiva.model import GpuLimit, Tenants
+from slurm_gandiva.slurm.gres import tres_gpus
+
+ASSOC_FORMAT = "Account,User,ParentName,Fairshare,GrpTRES"
+QOS_FORMAT = "Name,GrpTRES,MaxTRESPerUser"
+ASSOC_ARGV = ("sacctmgr", "--noheader", "--parsable2", "show", "associations", f"format={ASSOC_FORMAT}")
+QOS_ARGV = ("sacctmgr", "--noheader", "--parsable2", "show", "qos", f"format={QOS_FORMAT}")
+
+
+@dataclass(frozen=True)
+class _Assoc:
+    account: str
+    user: str
+    parent: str
+    raw: float | None  # None: Fairshare=parent
+    gpus: int | None
+
+
+def _rows(out: str, width: int, what: str) -> list[list[str]]:
+    rows = []
+    for n, line in enumerate(out.splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < width:
+            raise AccountingUnavailable(f"{what} line {n} has {len(fields)} fields, not {width}: {line[:80]!r}")
+        rows.append(fields[:width])
+    return rows
+
+
+def _share(text: str, what: str) -> float | None:
+    if text.lower() == "parent":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise AccountingUnavailable(f"{what}: Fairshare {text!r} is not a number") from None
+    if not value >= 0:
+        raise AccountingUnavailable(f"{what}: Fairshare {text!r} is negative")
+    return value
+
+
+def parse_associations(out: str) -> list[_Assoc]:
+    """`sacctmgr -nP show assoc format=ASSOC_FORMAT` rows."""
+    found = []
+    for account, user, parent, share, grp in _rows(out, 5, "sacctmgr show assoc"):
+        what = f"association {account}/{user or '-'}"
+        found.append(_Assoc(account, user, parent, _share(share or "1", what), tres_gpus(grp)))
+    return found
+
+
+def read_tenants(assoc_out: str, qos_out: str) -> Tenants:
+    """The `Tenants` of the two sacctmgr listings (see the module docstring)."""
+    assocs = parse_associations(assoc_out)
+    accounts = {a.account: a for a in assocs if not a.user}
+    siblings: dict[str, float] = defaultdict(float)  # parent account -> the raw shares under it
+    for a in assocs:
+        parent = a.account if a.user else a.parent
+        if parent or a.user:
+            siblings[parent] += 1.0 if a.raw is None else a.raw
+
+    def norm(account: str, depth: int = 0) -> float:
+        a = accounts.get(account)
+        if a is None or not a.parent or depth > 64:
+            return 1.0  # root
+        up = norm(a.parent, depth + 1)
+        if a.raw is None:
+            return up
+        total = siblings.get(a.parent, 0.0)
+        return up * a.raw / total if total > 0 else 0.0
+
+    shares = {name: norm(name) for name, a in accounts.items() if a.parent}
+    user_shares = {(a.account, a.user): 1.0 if a.raw is None else a.raw for a in assocs if a.user}
+    limits = [GpuLimit(a.gpus, account=a.account, user=a.user) for a in assocs if a.gpus is not None]
+    for name, grp, per_user in _rows(qos_out, 3, "sacctmgr show qos"):
+        if (n := tres_gpus(grp)) is not None:
+            limits.append(GpuLimit(n, qos=name))
+        if (n := tres_gpus(per_user)) is not None:
+            limits.append(GpuLimit(n, qos=name, per_user=True))
+    return Tenants(shares=shares, user_shares=user_shares, limits=tuple(limits))

@@ -1,0 +1,67 @@
+"""slurm/accounting.py: sacctmgr's parsable listings read as `Tenants` (the lines as 24.11 prints them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_gandiva.errors import AccountingUnavailable
+from slurm_gandiva.model import GpuLimit, JobSpec
+from slurm_gandiva.slurm.accounting import read_tenants
+from slurm_gandiva.slurm.gres import tres_gpus
+
+ASSOC = """root|||1|
+root|root||1|
+bio||root|1|gres/gpu=2
+bio|bob||1|
+physics||root|2|cpu=8,gres/gpu=4
+physics|alice||3|
+physics|carol||parent|gres/gpu=1
+hep||physics|1|
+hep|dave||1|
+"""
+QOS = """normal|||
+small|gres/gpu=1|gres/gpu=1
+wide|cpu=2|
+"""
+
+
+def test_shares_are_normalised_down_the_tree_as_sshare_prints_them() -> None:
+    t = read_tenants(ASSOC, QOS)
+    # root's children: user root (1), bio (1), physics (2): 1/4 and 2/4; physics' children: alice 3,
+    # carol parent (1), hep 1: hep = 0.5 * 1/5.
+    assert t.shares == pytest.approx({"bio": 0.25, "physics": 0.5, "hep": 0.1})
+    assert t.user_shares[("physics", "alice")] == 3.0 and t.user_shares[("physics", "carol")] == 1.0
+
+
+def test_gpu_limits_of_associations_and_qos() -> None:
+    t = read_tenants(ASSOC, QOS)
+    assert set(t.limits) == {
+        GpuLimit(2, account="bio"), GpuLimit(4, account="physics"), GpuLimit(1, account="physics", user="carol"),
+        GpuLimit(1, qos="small"), GpuLimit(1, qos="small", per_user=True),
+    }
+    job = JobSpec("1", "alice", 1, 1, 0.0, account="physics", qos="small")
+    other = JobSpec("2", "bob", 1, 1, 0.0, account="bio", qos="small")
+    per_user = GpuLimit(1, qos="small", per_user=True)
+    assert per_user.scope(job) != per_user.scope(other)  # each user's jobs counted apart
+    assert GpuLimit(1, qos="small").scope(job) == GpuLimit(1, qos="small").scope(other)
+    assert GpuLimit(4, account="physics").scope(other) is None
+    assert GpuLimit(1, account="physics", user="carol").scope(job) is None
+
+
+def test_tres_gpus_reads_the_untyped_gpu_count_only() -> None:
+    assert tres_gpus("cpu=8,gres/gpu=2") == 2
+    assert tres_gpus("gres/gpu:a100=2") is None and tres_gpus("") is None and tres_gpus("gres/gpu=x") is None
+
+
+@pytest.mark.parametrize(
+    ("assoc", "says"),
+    [("bio||root|lots|\n", "not a number"), ("bio||root|-1|\n", "negative"), ("bio|root\n", "fields")],
+)
+def test_a_listing_that_cannot_be_read_is_one_error(assoc: str, says: str) -> None:
+    with pytest.raises(AccountingUnavailable, match=says):
+        read_tenants(assoc, "")
+
+
+def test_a_share_of_zero_is_kept_as_zero() -> None:
+    t = read_tenants("root|||1|\nidle||root|0|\nbusy||root|1|\n", "")
+    assert t.shares == {"idle": 0.0, "busy": 1.0}
