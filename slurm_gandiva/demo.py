@@ -5,7 +5,13 @@ subprocess (config rendered into the state dir), submits 12 real PyTorch jobs (e
 `gandiva sbatch` as a non-root user (1, 2 and 4 GPUs, some elastic: about 2x oversubscribed), shows their
 progress live, and ends with every job finished, the sacct-style slice report and a Gantt PNG.
 Exits non-zero if any job failed or got lost. Results (per-job JCTs) go to <state>/demo-results.json,
-which benchmarks/bench_sim_vs_real.py reads.
+which benchmarks/bench_sim_vs_real.py reads (it runs the one-user workload).
+
+With tenants (the command's default; `--one-user` for the workload above): the cluster runs Slurm's own
+accounting (slurmdbd over MariaDB), two accounts with equal shares, a user in each, and the controller
+runs with `fairness = shares`. The first user starts a search of eight 1-GPU jobs that fills the
+cluster; the second user submits three jobs 20 s later and gets its half of the GPUs within a rotation.
+The report ends with each tenant's GPU-time and Slurm's own `sshare`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ if TYPE_CHECKING:
     from slurm_gandiva.slurm.base import SlurmBackend, SlurmJob
 
 DEMO_USER = "gandiva-demo"
+DEMO_USER2 = "gandiva-demo2"
+# The two tenants of the two-user demo: (account, user), equal shares.
+TENANTS = (("vision", DEMO_USER), ("nlp", DEMO_USER2))
 DEFAULT_STATE_DIR = "/tmp/gandiva-demo"
 DEFAULT_PORT_BASE = 26000
 RESULTS_FILE = "demo-results.json"
@@ -52,6 +61,8 @@ class DemoJob:
     batch: int = 32
     sleep: float = 0.2
     hidden: int = 16
+    tenant: int = 0  # which of TENANTS submits it (the two-user demo)
+    delay: float = 0.0  # seconds after the demo starts that it is submitted
 
     @property
     def gpus_arg(self) -> str:
@@ -85,6 +96,45 @@ WORKLOAD: tuple[DemoJob, ...] = (
 )
 
 
+# The two-user demo: a search of eight 1-GPU jobs fills the 8 GPUs; 20 s later the other tenant submits
+# three jobs (5 GPUs at their minimum) and, with equal shares, gets 4 of the 8 GPUs within a rotation.
+TENANT_WORKLOAD: tuple[DemoJob, ...] = (
+    *(DemoJob(f"s{i}", 1, 1, steps) for i, steps in enumerate((300, 340, 280, 360, 320, 300, 380, 260), 1)),
+    DemoJob("n1", 2, 2, 300, tenant=1, delay=20.0),
+    DemoJob("n2", 1, 2, 320, tenant=1, delay=20.0),
+    DemoJob("n3", 2, 2, 260, tenant=1, delay=20.0),
+)
+
+
+def tenant_table(results: Sequence[JobResult], tenant_of: Mapping[str, int], since: float) -> str:
+    """Each tenant's jobs, GPU-seconds received in all and from `since` (when the last tenant arrived) to
+    the first tenant's last job end, and its share of that contested GPU-time; from the slice history."""
+    until = min(
+        max((r.ended or 0.0) for r in results if tenant_of.get(r.job_id) == t)
+        for t in set(tenant_of.values())
+    )
+    total: dict[int, float] = {}
+    contested: dict[int, float] = {}
+    for r in results:
+        t = tenant_of.get(r.job_id, 0)
+        for start, end, gpus, _ in r.slice_log:
+            stop = end if end is not None else (r.ended or start)
+            total[t] = total.get(t, 0.0) + gpus * max(0.0, stop - start)
+            overlap = min(stop, until) - max(start, since)
+            contested[t] = contested.get(t, 0.0) + gpus * max(0.0, overlap)
+    both = sum(contested.values()) or 1.0
+    lines = [f"{'ACCOUNT':<8} {'USER':<14} {'JOBS':>4} {'GPU-S':>7} {'GPU-S BOTH':>10} {'SHARE':>6} {'AVG JCT':>8}"]
+    for t, (account, user) in enumerate(TENANTS):
+        mine = [r for r in results if tenant_of.get(r.job_id) == t]
+        if not mine:
+            continue
+        jcts = [r.jct for r in mine if r.jct is not None]
+        avg = f"{sum(jcts) / len(jcts):7.0f}s" if jcts else f"{'-':>8}"
+        lines.append(f"{account:<8} {user:<14} {len(mine):>4} {total.get(t, 0.0):7.0f} "
+                     f"{contested.get(t, 0.0):10.0f} {contested.get(t, 0.0) / both:6.0%} {avg}")
+    return "\n".join(lines)
+
+
 def slurm_bin_dirs() -> list[str]:
     """Where this process finds Slurm's commands (a release built into its own prefix comes first on PATH):
     jobs must run the same release's scontrol."""
@@ -108,7 +158,7 @@ def train_command(job: DemoJob, python: str, script: Path) -> list[str]:
 
 def controller_config(
     *, state_dir: Path, jobs_dir: Path, topology: Path, slurm_conf: Path, quantum: float, tick: float,
-    policy: str, params: Mapping[str, str] | None = None,
+    policy: str, params: Mapping[str, str] | None = None, fairness: str = "none",
 ) -> str:
     """The controller's config file for the demo (format: etc/gandiva.conf)."""
     lines = [
@@ -122,6 +172,7 @@ def controller_config(
         f"policy = {policy}",
         "metrics_port = 0",
         f"round_log = {state_dir / ROUND_LOG}",
+        f"fairness = {fairness}",
     ]
     lines += [f"policy.{k} = {v}" for k, v in (params or {}).items()]
     return "\n".join([*lines, ""])
@@ -355,6 +406,7 @@ class Demo:
         timeout: float = 900.0,
         refresh: float = 3.0,
         keep_cluster: bool = False,
+        tenants: bool = False,
         out: TextIO = sys.stdout,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -366,6 +418,7 @@ class Demo:
         self.policy = policy
         self.params = policy_params(policy, quantum, params)
         self.user = user
+        self.tenants = tenants
         self.workload = tuple(workload)
         self.timeout = timeout
         self.refresh = refresh
@@ -400,7 +453,8 @@ class Demo:
         if not script.is_file():
             raise ConfigError(f"{script} is missing: run the demo from a source checkout")
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        cluster = DevCluster(self.state_dir / "cluster", nodes=2, gpus_per_node=4, port_base=self.port_base)
+        cluster = DevCluster(self.state_dir / "cluster", nodes=2, gpus_per_node=4, port_base=self.port_base,
+                             accounting=self.tenants)
         caps = cluster.capabilities
         where = os.path.dirname(os.path.dirname(shutil.which("slurmctld") or "/usr/sbin/slurmctld"))
         self.say(f"demo: Slurm {caps.release_text} ({where}): bringing up a 2-node x 4-GPU cluster in "
@@ -420,6 +474,12 @@ class Demo:
         controller: subprocess.Popen[bytes] | None = None
         try:
             ensure_user(self.user)
+            if self.tenants:
+                for account, user in TENANTS:
+                    ensure_user(user)
+                    cluster.add_account(account, fairshare=1)
+                    cluster.add_user(user, account)
+                self.say("demo: accounts " + ", ".join(f"{a} (user {u}, 1 share)" for a, u in TENANTS))
             controller = self._start_controller(cluster)
             return self._drive(cluster, controller, script)
         finally:
@@ -444,10 +504,11 @@ class Demo:
         self.config_path.write_text(controller_config(
             state_dir=ctl_state, jobs_dir=cluster.jobs_dir, topology=cluster.topology_path,
             slurm_conf=cluster.conf_path, quantum=self.quantum, tick=self.tick, policy=self.policy,
-            params=self.params,
+            params=self.params, fairness="shares" if self.tenants else "none",
         ))
         log = (self.state_dir / "controller.log").open("wb")
-        self.say(f"demo: starting the controller (policy {self.policy}, quantum {self.quantum:g} s; "
+        self.say(f"demo: starting the controller (policy {self.policy}, quantum {self.quantum:g} s"
+                 f"{', fair shares' if self.tenants else ''}; "
                  f"log {self.state_dir / 'controller.log'})")
         env = {**os.environ, **cluster.env}
         proc = subprocess.Popen(
@@ -471,10 +532,13 @@ class Demo:
                 proc.wait()
         self.say(f"demo: controller stopped (exit {proc.returncode})")
 
+    def _user(self, job: DemoJob) -> str:
+        return TENANTS[job.tenant][1] if self.tenants else self.user
+
     def _submit(self, cluster: DevCluster, job: DemoJob, script: Path) -> str:
         jobs = cluster.jobs_dir
         argv = [
-            "runuser", "-u", self.user, "--",
+            "runuser", "-u", self._user(job), "--",
             self._gandiva(), "sbatch", "--parsable", "--gpus", job.gpus_arg, "--model", "demo",
             "--total-samples", str(job.total_samples), "-J", job.name, "-o", f"{jobs}/%j.out",
             f"--chdir={jobs}", "--", *train_command(job, str(self.bin / "python"), script),
@@ -497,13 +561,22 @@ class Demo:
 
         backend = make_backend(cluster.env)
         started = self.clock()
-        self.say(f"demo: submitting {len(self.workload)} jobs as {self.user} "
+        users = sorted({self._user(j) for j in self.workload})
+        self.say(f"demo: submitting {len(self.workload)} jobs as {', '.join(users)} "
                  f"({sum(j.min_gpus for j in self.workload)} GPUs asked at minimum, 8 GPUs in the cluster)")
         submitted: list[tuple[str, DemoJob, float]] = []
-        for job in self.workload:
-            jid = self._submit(cluster, job, script)
-            submitted.append((jid, job, self.clock()))
-        self.say("demo: submitted " + " ".join(f"{jid}({j.name}:{j.gpus_arg})" for jid, j, _ in submitted))
+        later = list(self.workload)
+
+        def submit_due(now: float) -> None:
+            due = [j for j in later if now >= started + j.delay]
+            for job in due:
+                later.remove(job)
+                submitted.append((self._submit(cluster, job, script), job, self.clock()))
+            if due:
+                self.say(f"demo: {self._user(due[0])} submitted "
+                         + " ".join(f"{jid}({j.name}:{j.gpus_arg})" for jid, j, _ in submitted[-len(due):]))
+
+        submit_due(started)
         tty = self.out.isatty()
         last_print = 0.0
         ended: dict[str, float] = {}
@@ -512,6 +585,7 @@ class Demo:
         rows: list[JobRow] = []
         deadline = started + self.timeout
         while True:
+            submit_due(self.clock())
             rows = self._observe(backend, cluster, submitted)
             now = self.clock()
             for r in rows:
@@ -524,7 +598,7 @@ class Demo:
                 if st not in ("running", "suspended", "queued"):
                     end = r.slurm.end_time if r.slurm is not None and r.slurm.end_time > 0 else now
                     ended.setdefault(r.job_id, end)
-            all_over = len(ended) == len(rows)
+            all_over = len(ended) == len(rows) and not later
             if tty or now - last_print >= max(self.refresh, 15.0) or all_over:
                 table = render_table(rows, now, started, cluster.nodes * cluster.gpus_per_node)
                 self.say(("\x1b[H\x1b[J" if tty else "\n") + table)
@@ -563,6 +637,11 @@ class Demo:
         )
         self.results_path.write_text(result.to_json())
         self._reports(cluster, [r.job_id for r in rows])
+        if self.tenants:
+            arrived = max(t for _, _, t in submitted)
+            self.say("\ndemo: GPU-time per tenant (GPU-S BOTH: while both had jobs; equal shares: 50% each)")
+            self.say(tenant_table(result.jobs, {jid: j.tenant for jid, j, _ in submitted}, arrived))
+            self._sshare(cluster)
         jcts = [j.jct for j in result.jobs if j.jct is not None]
         if jcts:
             self.say(f"demo: {len(jcts)} jobs finished; average JCT {sum(jcts) / len(jcts):.0f} s, makespan "
@@ -623,6 +702,14 @@ class Demo:
             self.say(f"demo: could not draw the Gantt chart: {gantt.stderr.strip()}")
 
 
+    def _sshare(self, cluster: DevCluster) -> None:
+        out = subprocess.run(["sshare", "-a", "-o", "Account,User,RawShares,NormShares,RawUsage,FairShare"],
+                             capture_output=True, text=True, env={**os.environ, **cluster.env}, check=False,
+                             timeout=60)
+        self.say("\ndemo: Slurm's own sshare (usage in CPU-seconds, as slurmdbd accounted the jobs):")
+        self.say(out.stdout.rstrip() or out.stderr.strip())
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -641,6 +728,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--user", default=DEMO_USER, help="the non-root user that submits the jobs")
     p.add_argument("--timeout", type=float, default=900.0, help="give up if jobs are unfinished after this")
     p.add_argument("--keep-cluster", action="store_true", help="leave the Slurm cluster up at the end")
+    p.add_argument("--one-user", action="store_true",
+                   help="one user's 12-job workload without accounting (the sim-vs-real benchmark's), "
+                        "instead of two tenants with fair shares")
     p.set_defaults(func=_run)
 
 
@@ -648,5 +738,6 @@ def _run(args: argparse.Namespace) -> int:
     return Demo(
         Path(args.state_dir), port_base=args.port_base, quantum=args.quantum, tick=args.tick,
         policy=args.policy, params=args.policy_param, user=args.user, timeout=args.timeout,
-        keep_cluster=args.keep_cluster,
+        keep_cluster=args.keep_cluster, tenants=not args.one_user,
+        workload=WORKLOAD if args.one_user else TENANT_WORKLOAD,
     ).run()

@@ -141,3 +141,20 @@ def test_policy_params_reach_the_controller_config(tmp_path: Path) -> None:
     assert getattr(policy, "min_slice") == 20
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         policy_params("default", 20.0, ["oops"])
+
+
+def test_tenant_table_splits_the_contested_gpu_time() -> None:
+    from slurm_gandiva.demo import TENANT_WORKLOAD, tenant_table
+
+    assert {j.tenant for j in TENANT_WORKLOAD} == {0, 1}
+    assert sum(j.min_gpus for j in TENANT_WORKLOAD if j.tenant == 0) == 8  # the search alone fills the cluster
+
+    def res(jid: str, slices: tuple[tuple[float, float | None, int, str], ...], end: float) -> JobResult:
+        return JobResult(jid, jid, 1, 2, 100, 0.0, slices[0][0], end, "done", len(slices), "h", (), slices)
+
+    # Tenant 0 holds 8 GPUs from 0 to 20, then 4 from 20 to 100; tenant 1 arrives at 20 and holds 4 to 100.
+    results = [res("1", ((0.0, 20.0, 8, "suspend"), (20.0, 100.0, 4, "done")), 100.0),
+               res("2", ((30.0, 100.0, 4, "done"),), 100.0)]
+    table = tenant_table(results, {"1": 0, "2": 1}, since=20.0).splitlines()
+    assert table[1].split() == ["vision", "gandiva-demo", "1", "480", "320", "53%", "100s"]
+    assert table[2].split() == ["nlp", "gandiva-demo2", "1", "280", "280", "47%", "100s"]
