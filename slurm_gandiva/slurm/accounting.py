@@ -17,7 +17,8 @@ limits (MaxTRES) are not concurrency caps and are left to Slurm.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from slurm_gandiva.errors import AccountingUnavailable
 from slurm_gandiva.model import GpuLimit, Tenants
@@ -100,3 +101,41 @@ def read_tenants(assoc_out: str, qos_out: str) -> Tenants:
         if (n := tres_gpus(per_user)) is not None:
             limits.append(GpuLimit(n, qos=name, per_user=True))
     return Tenants(shares=shares, user_shares=user_shares, limits=tuple(limits))
+
+
+# One user's associations, as that user may read them (PrivateData=users,associations still shows one's own).
+USER_ASSOC_FORMAT = "User,DefaultAccount,Account,QOS"
+# sacctmgr's words when slurm.conf has no accounting (AccountingStorageType=accounting_storage/none).
+ACCOUNTING_OFF = "not running a supported accounting_storage plugin"
+
+
+def user_assoc_argv(user: str) -> tuple[str, ...]:
+    """`sacctmgr` listing `user`'s default account and each of its associations with its QOS."""
+    return ("sacctmgr", "--noheader", "--parsable2", "show", "user", f"name={user}", "withassoc",
+            f"format={USER_ASSOC_FORMAT}")
+
+
+@dataclass(frozen=True)
+class UserAssociations:
+    """A user's associations: `qos` maps each account (lower case, as Slurm stores it) to the QOS its
+    associations allow (empty: none listed, not checked); no account at all: the user has no association."""
+
+    user: str
+    default_account: str = ""
+    qos: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def accounts(self) -> tuple[str, ...]:
+        return tuple(sorted(self.qos))
+
+
+def parse_user_associations(user: str, out: str) -> UserAssociations:
+    """`sacctmgr -nP show user name=U withassoc format=USER_ASSOC_FORMAT` (one row per association; the QOS
+    of the rows of one account, one per partition, are pooled)."""
+    default = ""
+    qos: dict[str, set[str]] = {}
+    for _user, dflt, account, names in _rows(out, 4, "sacctmgr show user withassoc"):
+        default = default or dflt.lower()
+        if account:
+            qos.setdefault(account.lower(), set()).update(q.lower() for q in names.split(",") if q)
+    return UserAssociations(user, default, {a: frozenset(q) for a, q in qos.items()})

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from slurm_gandiva.model import Tenants
+    from slurm_gandiva.slurm.accounting import UserAssociations
     from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
 
@@ -143,3 +144,7 @@ class SlurmBackend(Protocol):
     def tenants(self) -> Tenants:
         """The accounts' and users' shares and the association and QOS GPU limits, from slurmdbd (sacctmgr
         and sshare); raises AccountingUnavailable when slurmdbd cannot be reached or accounting is off."""
+
+    def user_associations(self, user: str) -> UserAssociations | None:
+        """`user`'s accounts (its default among them) and each one's QOS, from slurmdbd; None where the
+        cluster has no accounting; raises AccountingUnavailable when slurmdbd cannot be reached."""

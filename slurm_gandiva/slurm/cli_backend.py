@@ -465,6 +465,18 @@ class CliBackend:
             ) from None
         return accounting.read_tenants(assoc, qos)
 
+    def user_associations(self, user: str) -> accounting.UserAssociations | None:
+        """`user`'s accounts and their QOS (one sacctmgr call, as that user may make it); None when the
+        cluster has no accounting; AccountingUnavailable when slurmdbd does not answer."""
+        try:
+            out = self._run(list(accounting.user_assoc_argv(user)), "sacctmgr show user withassoc")
+        except SlurmError as exc:
+            if accounting.ACCOUNTING_OFF in str(exc):
+                return None
+            raise AccountingUnavailable(f"cannot read the associations of user {user} from slurmdbd ({exc})") \
+                from None
+        return accounting.parse_user_associations(user, out)
+
 
 def _job_id(job_id: str) -> str:
     jid = str(job_id).strip()

@@ -64,6 +64,7 @@ from slurm_gandiva.errors import (
 )
 from slurm_gandiva.model import Tenants
 from slurm_gandiva.slurm import parse
+from slurm_gandiva.slurm.accounting import UserAssociations
 from slurm_gandiva.slurm.base import SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 from slurm_gandiva.slurm.cli_backend import CliBackend
@@ -624,6 +625,10 @@ class PyslurmBackend:
     def tenants(self) -> Tenants:
         """As the CLI backend reads them (sacctmgr and sshare)."""
         return self.cli.tenants()
+
+    def user_associations(self, user: str) -> UserAssociations | None:
+        """As the CLI backend reads them (sacctmgr)."""
+        return self.cli.user_associations(user)
 
 
 def array_names(raw: Any) -> tuple[str, ...] | None:

@@ -27,6 +27,7 @@ from slurm_gandiva.requeue.namespace import job_comment, make_private_dir
 from slurm_gandiva.requeue.spec import SubmitSpec, write_specs_in
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmNode, SubmitRequest
 from slurm_gandiva.slurm.gres import gres_gpu_count
+from slurm_gandiva.submit.accounts import check_account
 from slurm_gandiva.submit.request import (
     ARRAY_ENV,
     USAGE,
@@ -183,7 +184,8 @@ def submit(
     is a managed job of its own with its own state directory and spec, made here without a Slurm call per
     task; the array's id is returned.
 
-    Nothing reaches Slurm unless validation passed. First a private directory is made under the jobs root
+    Nothing reaches Slurm unless validation passed (the account and QOS against the user's associations
+    too: submit/accounts.py). First a private directory is made under the jobs root
     (`namespace.make_private_dir`: exclusive, unguessable, 0700, the user's), named in the job's comment;
     the state directory <private>/<job id> (0700) and the spec <private>/<job id>.json go in it, so
     nothing another user plants in the jobs root is in their way. A state directory or spec that still
@@ -203,6 +205,7 @@ def submit(
         topology = read_topology(paths.topology)
     nodes = backend.nodes()  # read-only: for partitions (and GPUs when there is no topology file)
     validate(req, limits_from(topology, nodes), check_command=check_command, env=env)
+    check_account(req, backend, user, env, stderr or sys.stderr)
     sig = signal_name(req.signal or paths.signal or "USR2")
     name = req.job_name if req.job_name is not None else default_name(req.command)
     spec = SubmitSpec(

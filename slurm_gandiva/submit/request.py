@@ -190,6 +190,8 @@ class SbatchRequest:
     help: bool = False
     array: str | None = None  # --array SPEC[%MAX] as given (a job array: one managed job per task)
     resources: tuple[tuple[str, str], ...] = ()  # (long option, value) of the options in _RESOURCE_LONG
+    account: str | None = None  # -A/--account, passed through (checked against the user's associations)
+    qos: str | None = None  # --qos/-q, passed through (likewise)
 
 
 def array_tasks(spec: str) -> tuple[tuple[int, ...], int]:
@@ -245,6 +247,7 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
     job_name: str | None = None
     array: str | None = None
     resources: dict[str, str] = {}
+    tenant: dict[str, str] = {}  # "account" / "qos" -> the value given
     i = 0
 
     def value(name: str, inline: str | None) -> str:
@@ -287,6 +290,8 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
                 job_name = inline
             elif option in _RESOURCE_LONG and inline is not None:
                 resources[option] = inline
+            elif option in ("--account", "--qos") and inline is not None:
+                tenant[option[2:]] = inline
         elif tok.startswith("-") and len(tok) >= 2:
             if tok.startswith("-a"):  # -a SPEC / -aSPEC: the array (a bundle like -va stays sbatch's)
                 array = tok[2:] or value("-a", None)
@@ -315,6 +320,8 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
                         job_name = v
                     elif letter in _RESOURCE_SHORT:
                         resources[_RESOURCE_SHORT[letter]] = v
+                    elif letter in ("-A", "-q"):
+                        tenant["account" if letter == "-A" else "qos"] = v
                     break
         else:
             raise BadRequest(f"unexpected {tok!r} before --: put the command after --; {USAGE}")
@@ -351,6 +358,8 @@ def parse_request(argv: Sequence[str]) -> SbatchRequest:
         job_name=job_name,
         array=array,
         resources=tuple(resources.items()),
+        account=tenant.get("account"),
+        qos=tenant.get("qos"),
     )
 
 

@@ -6,6 +6,9 @@ The accounting cluster (`acct_cluster`, tests/integration/conftest.py) is shared
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from slurm_gandiva.devcluster.cluster import DevCluster
@@ -89,3 +92,47 @@ def test_a_cluster_without_accounting_says_so_in_one_line(slurm: SlurmBackend) -
         slurm.tenants()
     assert len(str(err.value).splitlines()) == 1 and "slurmdbd" in str(err.value)
 
+
+
+GANDIVA = str(Path(sys.executable).parent / "gandiva")
+
+
+def _gandiva_sbatch(cluster: DevCluster, user: str, *options: str) -> tuple[int, str, str]:
+    out = run_as(user, [GANDIVA, "sbatch", "--parsable", "-o", "/dev/null", *options, "--", "/bin/true"],
+                 cluster.env)
+    return out.returncode, out.stdout.strip(), out.stderr.strip()
+
+
+def _queued(cluster: DevCluster) -> str:
+    return cluster._slurm(["squeue", "-h", "-o", "%i|%u|%a"]).stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("user", "options", "says"),
+    [
+        (TEST_USER, ("-A", "nosuch"), f"account 'nosuch': user {TEST_USER} has associations only in physics"),
+        (TEST_USER, ("--account=bio",), f"account 'bio': user {TEST_USER} has associations only in physics"),
+        (TEST_USER, ("--qos", "nosuch"), f"QOS 'nosuch' is not allowed for user {TEST_USER} in account physics"),
+        ("nobody", (), "user nobody has no association in Slurm's accounting"),
+    ],
+)
+def test_gandiva_sbatch_refuses_an_account_or_qos_outside_the_users_associations(
+    acct_cluster: DevCluster, user: str, options: tuple[str, ...], says: str
+) -> None:
+    before = _queued(acct_cluster)
+    rc, out, err = _gandiva_sbatch(acct_cluster, user, *options)
+    assert rc == 2 and out == "", (out, err)
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert _queued(acct_cluster) == before  # nothing reached Slurm
+
+
+def test_gandiva_sbatch_submits_under_the_users_own_account(acct_cluster: DevCluster) -> None:
+    rc, jid, err = _gandiva_sbatch(acct_cluster, TEST_USER, "-A", "physics", "--qos=normal")
+    try:
+        assert rc == 0 and jid.isdigit(), err
+        job = make_backend(acct_cluster.env).job(jid)
+        assert (job.user, job.account, job.qos, job.pending) == (TEST_USER, "physics", "normal", True)
+    finally:
+        if jid.isdigit():
+            acct_cluster._slurm(["scancel", jid])
+            wait_for(lambda: jid not in _queued(acct_cluster) or None, timeout=30, what=f"job {jid} gone")

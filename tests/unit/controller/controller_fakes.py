@@ -10,6 +10,7 @@ from dataclasses import replace
 from slurm_gandiva.errors import ProtocolError, UnknownJob
 from slurm_gandiva.model import GpuRef, Placement, Tenants
 from slurm_gandiva.requeue.operations import Op, Operations, OpResult, Outcome, Step, StepRecord
+from slurm_gandiva.slurm.accounting import UserAssociations
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
@@ -127,6 +128,9 @@ class FakeBackend:
         if isinstance(self.accounting, Exception):
             raise self.accounting
         return self.accounting
+
+    def user_associations(self, user: str) -> UserAssociations | None:
+        return None
 
 
 class FakeProtocol(Operations):

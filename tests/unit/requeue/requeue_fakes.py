@@ -13,6 +13,7 @@ from pathlib import Path
 
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, UnknownJob
 from slurm_gandiva.model import Tenants
+from slurm_gandiva.slurm.accounting import UserAssociations
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
 
@@ -277,3 +278,6 @@ class FakeSlurm:
 
     def tenants(self) -> Tenants:
         return Tenants()
+
+    def user_associations(self, user: str) -> UserAssociations | None:
+        return None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from slurm_gandiva.errors import AccountingUnavailable
 from slurm_gandiva.model import GpuLimit, JobSpec
-from slurm_gandiva.slurm.accounting import read_tenants
+from slurm_gandiva.slurm.accounting import UserAssociations, parse_user_associations, read_tenants, user_assoc_argv
+from slurm_gandiva.slurm.cli_backend import CliBackend, _classify
 from slurm_gandiva.slurm.gres import tres_gpus
 
 ASSOC = """root|||1|
@@ -65,3 +68,45 @@ def test_a_listing_that_cannot_be_read_is_one_error(assoc: str, says: str) -> No
 def test_a_share_of_zero_is_kept_as_zero() -> None:
     t = read_tenants("root|||1|\nidle||root|0|\nbusy||root|1|\n", "")
     assert t.shares == {"idle": 0.0, "busy": 1.0}
+
+
+def test_a_users_associations_pool_the_qos_of_each_account() -> None:
+    # 24.11's `sacctmgr -nP show user name=alice withassoc format=User,DefaultAccount,Account,QOS`: one row
+    # per association (two in physics: one per partition), account and QOS names as Slurm stores them
+    out = "alice|physics|bio|normal\nalice|physics|physics|fast,normal\nalice|physics|Physics|long\n"
+    a = parse_user_associations("alice", out)
+    assert a == UserAssociations("alice", "physics", {"bio": frozenset({"normal"}),
+                                                       "physics": frozenset({"fast", "normal", "long"})})
+    assert a.accounts == ("bio", "physics")
+
+
+def test_a_user_without_an_association_has_no_account() -> None:
+    assert parse_user_associations("nobody", "").accounts == ()
+    with pytest.raises(AccountingUnavailable):
+        parse_user_associations("alice", "alice|physics\n")
+
+
+@pytest.mark.parametrize(
+    ("stderr", "expect"),
+    [("You are not running a supported accounting_storage plugin\nOnly 'accounting_storage/slurmdbd' is "
+      "supported.", None),
+     ("sacctmgr: error: Sending PersistInit msg: Connection refused", AccountingUnavailable)],
+)
+def test_the_backend_tells_accounting_off_from_slurmdbd_down(
+    stderr: str, expect: type[Exception] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[list[str]] = []
+
+    def fail(argv: Sequence[str], what: str, **_: object) -> str:
+        seen.append(list(argv))
+        raise _classify(what, stderr, 1)
+
+    b = CliBackend()
+    monkeypatch.setattr(b, "_run", fail)
+    if expect is None:
+        assert b.user_associations("alice") is None
+    else:
+        with pytest.raises(expect, match=r"alice.*Connection refused") as err:
+            b.user_associations("alice")
+        assert len(str(err.value).splitlines()) == 1
+    assert seen == [list(user_assoc_argv("alice"))]

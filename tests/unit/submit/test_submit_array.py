@@ -14,6 +14,7 @@ from slurm_gandiva.errors import BadRequest
 from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.contract import StateDirError
 from slurm_gandiva.requeue.spec import SubmitSpec
+from slurm_gandiva.slurm.accounting import UserAssociations
 from slurm_gandiva.slurm.base import SlurmNode, SubmitRequest
 from slurm_gandiva.submit.cli import sbatch_options, submit
 from slurm_gandiva.submit.render import render_script
@@ -26,6 +27,9 @@ from tests.unit.submit.test_submit_cli import private_dir, submitted_spec
 class FakeBackend:
     submitted: list[SubmitRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+
+    def user_associations(self, user: str) -> UserAssociations | None:
+        return None  # no accounting
 
     def nodes(self) -> tuple[SlurmNode, ...]:
         gres = ",".join(f"gpu:g{k}:1" for k in range(4))

@@ -11,6 +11,7 @@ from slurm_gandiva.errors import BadRequest, ConfigError
 from slurm_gandiva.model import Topology
 from slurm_gandiva.requeue.namespace import private_name
 from slurm_gandiva.requeue.spec import SubmitSpec, load_spec_file, spec_file, spec_from_script
+from slurm_gandiva.slurm.accounting import UserAssociations
 from slurm_gandiva.slurm.base import SlurmNode, SubmitRequest
 from slurm_gandiva.submit.cli import resolve_paths, submit
 from slurm_gandiva.submit.request import parse_request
@@ -22,6 +23,9 @@ class FakeBackend:
     submitted: list[SubmitRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     next_id: int = 100
+
+    def user_associations(self, user: str) -> UserAssociations | None:
+        return None  # no accounting
 
     def nodes(self) -> tuple[SlurmNode, ...]:
         gres = ",".join(f"gpu:g{k}:1" for k in range(4)) + ",shard:g0:2"
