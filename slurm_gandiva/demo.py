@@ -703,7 +703,7 @@ class Demo:
 
 
     def _sshare(self, cluster: DevCluster) -> None:
-        out = subprocess.run(["sshare", "-a", "-o", "Account,User,RawShares,NormShares,RawUsage,FairShare"],
+        out = subprocess.run(["sshare", "-a", "-o", "Account,User%14,RawShares,NormShares,RawUsage,FairShare"],
                              capture_output=True, text=True, env={**os.environ, **cluster.env}, check=False,
                              timeout=60)
         self.say("\ndemo: Slurm's own sshare (usage in CPU-seconds, as slurmdbd accounted the jobs):")
