@@ -192,10 +192,12 @@ def topology_for(
     nodes: Iterable[SlurmNode],
     foreign: Mapping[str, set[int]],
     managed_cpus: Mapping[str, int] | None = None,
+    managed_memory: Mapping[str, int] | None = None,
 ) -> Topology:
     """The topology with Slurm's node health, minus GPUs that unmanaged jobs hold, with each node's CPUs and
-    the CPUs unmanaged jobs hold there: Slurm's allocation less `managed_cpus` (node -> CPUs the managed
-    running jobs hold; None: CPUs are not counted)."""
+    memory and what unmanaged jobs hold of them there: Slurm's allocation less `managed_cpus` /
+    `managed_memory` (node -> CPUs / MB the managed running jobs hold; None: not counted, as memory where
+    Slurm does not allocate it)."""
     by_name = {n.name: n for n in nodes}
     out: list[Node] = []
     for n in base.nodes:
@@ -203,21 +205,33 @@ def topology_for(
         up = n.up and (sn.up if sn is not None else False)
         taken = foreign.get(n.name, set())
         gpus = tuple(g for g in n.gpus if g.ref.index not in taken)
-        cpus = cpus_taken = 0
+        cpus = cpus_taken = memory = memory_taken = 0
         if sn is not None and managed_cpus is not None:
             cpus, cpus_taken = sn.cpus, max(0, sn.alloc_cpus - managed_cpus.get(n.name, 0))
-        out.append(Node(n.name, gpus, up=up, shards=n.shards, cpus=cpus, cpus_taken=cpus_taken))
+        if sn is not None and managed_memory is not None:
+            memory, memory_taken = sn.memory, max(0, sn.alloc_memory - managed_memory.get(n.name, 0))
+        out.append(Node(n.name, gpus, up=up, shards=n.shards, cpus=cpus, cpus_taken=cpus_taken,
+                        memory_mb=memory, memory_taken_mb=memory_taken))
     return Topology(tuple(out))
 
 
 def managed_cpus(inputs: Iterable[JobInputs]) -> dict[str, int]:
     """Node -> the CPUs that managed jobs Slurm runs hold there (their MinCPUsNode on each of their nodes)."""
+    return _managed(inputs, lambda sj: sj.min_cpus_per_node)
+
+
+def managed_memory(inputs: Iterable[JobInputs]) -> dict[str, int]:
+    """Node -> the MB that managed jobs Slurm runs hold there (their memory per node on each of their nodes)."""
+    return _managed(inputs, lambda sj: sj.min_memory_per_node)
+
+
+def _managed(inputs: Iterable[JobInputs], per_node: Callable[[SlurmJob], int]) -> dict[str, int]:
     out: dict[str, int] = {}
     for inp in inputs:
         sj = inp.slurm
         if sj.running:
             for node in sj.nodes:
-                out[node] = out.get(node, 0) + sj.min_cpus_per_node
+                out[node] = out.get(node, 0) + per_node(sj)
     return out
 
 
@@ -321,14 +335,16 @@ def build_view(
     packing: bool = True,
     memo: JobMemo | None = None,
     max_nodes: int | None = None,
+    memory: bool = False,
 ) -> ClusterView:
     """The ClusterView of the managed jobs that are not finished (pure). `requeue_ties` and `packing`:
     what the running Slurm does (`ClusterView`, `SlurmCapabilities`). `memo` (the caller's, kept between
     calls) remembers the Jobs of waiting jobs whose inputs did not change. `max_nodes`: the most nodes a
     job may span (the controller's config; None: any); a job across nodes gets the same GPUs on each, as
-    Slurm's per-node gres gives them (`ClusterView.same_gpus_per_node`)."""
+    Slurm's per-node gres gives them (`ClusterView.same_gpus_per_node`). `memory`: the nodes' memory counts
+    (Slurm allocates it: `SlurmCapabilities.memory_consumable`); CPUs always count."""
     inputs = tuple(inputs)
-    topo = topology_for(topology, nodes, foreign, managed_cpus(inputs))
+    topo = topology_for(topology, nodes, foreign, managed_cpus(inputs), managed_memory(inputs) if memory else None)
     jobs = tuple(
         sorted(
             (j for j in (_job_from(i, topo, now, memo, max_nodes) for i in inputs) if not j.state.finished),

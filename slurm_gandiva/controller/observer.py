@@ -145,6 +145,7 @@ class Observer:
             return build_view(
                 topology, snap.nodes, inputs, foreign, now, requeue_ties=caps.requeue_keeps_gpu_indices,
                 packing=caps.packing, memo=self._job_memo, max_nodes=config.max_nodes,
+                memory=caps.memory_consumable,
             )
 
         view = view_of(inputs)

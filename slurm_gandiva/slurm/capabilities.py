@@ -57,6 +57,9 @@ class SlurmCapabilities:
     requeue_delay_param: bool
     # The requeue delay slurmctld runs with, when it says (requeue_delay=N in SchedulerParameters).
     requeue_delay: int | None = None
+    # Slurm counts memory as a consumable resource (SelectTypeParameters CR_*_Memory): a node's jobs hold
+    # their --mem, and a job starts only where its memory is free. Otherwise memory is not allocated.
+    memory_consumable: bool = False
 
     @property
     def release_text(self) -> str:
@@ -70,8 +73,11 @@ class SlurmCapabilities:
         return self.gpu_shard_exclusive and self.gres_kind_switch
 
     @classmethod
-    def for_release(cls, release: Version, scheduler_parameters: str = "") -> SlurmCapabilities:
-        """The behaviours of `release` (measured per release; see the module docstring)."""
+    def for_release(
+        cls, release: Version, scheduler_parameters: str = "", select_type_parameters: str = ""
+    ) -> SlurmCapabilities:
+        """The behaviours of `release` (measured per release; see the module docstring), with what its
+        configuration says (SchedulerParameters, SelectTypeParameters)."""
         delay = None
         m = re.search(r"(?:^|,)requeue_delay=(\d+)", scheduler_parameters.replace(" ", ""))
         if m:
@@ -86,15 +92,19 @@ class SlurmCapabilities:
             multiple_sharing_gres_param=release >= (23, 11, 1),
             requeue_delay_param=release >= (25, 11, 0),
             requeue_delay=delay,
+            memory_consumable=memory_consumable(select_type_parameters),
         )
 
     @classmethod
     def from_config(cls, show_config: str) -> SlurmCapabilities:
-        """From `scontrol show config` output (SLURM_VERSION, SchedulerParameters)."""
+        """From `scontrol show config` output (SLURM_VERSION, SchedulerParameters, SelectTypeParameters)."""
         fields = parse_show_config(show_config)
         if "SLURM_VERSION" not in fields:
             raise SlurmError("`scontrol show config` printed no SLURM_VERSION: is slurmctld running?")
-        return cls.for_release(parse_version(fields["SLURM_VERSION"]), fields.get("SchedulerParameters", ""))
+        return cls.for_release(
+            parse_version(fields["SLURM_VERSION"]), fields.get("SchedulerParameters", ""),
+            fields.get("SelectTypeParameters", ""),
+        )
 
     def describe(self) -> str:
         """One line for logs and --check: the release and what it means here."""
@@ -104,8 +114,18 @@ class SlurmCapabilities:
             ("held jobs switch shards and whole GPUs", self.gres_kind_switch),
             ("gpu and shard exclusive", self.gpu_shard_exclusive),
             ("packing", self.packing),
+            ("memory counted", self.memory_consumable),
         ) if on]
         return f"Slurm {self.release_text} ({', '.join(yes) or 'no special behaviour'})"
+
+
+def memory_consumable(select_type_parameters: str) -> bool:
+    """Whether SelectTypeParameters (e.g. "CR_CORE_MEMORY,MULTIPLE_SHARING_GRES_PJ") make memory consumable:
+    CR_Memory, CR_Core_Memory, CR_CPU_Memory, CR_Socket_Memory (any case)."""
+    return any(
+        p.strip().upper().startswith("CR_") and p.strip().upper().endswith("MEMORY")
+        for p in select_type_parameters.split(",")
+    )
 
 
 def parse_show_config(text: str) -> Mapping[str, str]:

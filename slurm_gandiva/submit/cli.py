@@ -82,6 +82,7 @@ class Resolved:
     jobs_root: Path
     topology: Path | None
     signal: str | None = None  # the controller's suspend signal, when its config was read
+    partitions: tuple[str, ...] = ()  # the partitions the controller manages, when its config was read
 
 
 def resolve_paths(req: SbatchRequest, env: Mapping[str, str]) -> Resolved:
@@ -89,7 +90,10 @@ def resolve_paths(req: SbatchRequest, env: Mapping[str, str]) -> Resolved:
     cluster_dir = Path(env["SLURM_CONF"]).parent.parent if env.get("SLURM_CONF") else None
     if cluster_dir is not None and not (cluster_dir / "jobs").is_dir():
         cluster_dir = None  # not a devcluster layout
-    cfg = _controller_config(env) if cluster_dir is None else None
+    from slurm_gandiva.config import CONFIG_ENV
+
+    # A devcluster's layout gives the paths; its controller's config is read when named ($GANDIVA_CONF).
+    cfg = _controller_config(env) if cluster_dir is None or env.get(CONFIG_ENV) else None
     jobs = req.jobs_root or env.get(JOBS_ROOT_ENV)
     if jobs is None:
         if cluster_dir is not None:
@@ -109,7 +113,8 @@ def resolve_paths(req: SbatchRequest, env: Mapping[str, str]) -> Resolved:
         topo = str(cluster_dir / "topology.json")
     if topo is None and cfg is not None and cfg.topology_file.is_file():
         topo = str(cfg.topology_file)
-    return Resolved(jobs_root.absolute(), Path(topo) if topo else None, cfg.signal if cfg is not None else None)
+    return Resolved(jobs_root.absolute(), Path(topo) if topo else None, cfg.signal if cfg is not None else None,
+                    cfg.partitions if cfg is not None else ())
 
 
 def _controller_config(env: Mapping[str, str]) -> ControllerConfig | None:
@@ -117,7 +122,11 @@ def _controller_config(env: Mapping[str, str]) -> ControllerConfig | None:
     from slurm_gandiva.config import CONFIG_ENV, load_config
 
     path = env.get(CONFIG_ENV) or SYSTEM_CONFIG
-    if not Path(path).is_file() or not os.access(path, os.R_OK):
+    try:
+        readable = Path(path).is_file() and os.access(path, os.R_OK)
+    except OSError:  # a directory on the way the user may not search
+        readable = False
+    if not readable:
         return None  # absent, or readable by the controller only
     return load_config(path)
 
@@ -204,7 +213,8 @@ def submit(
 
         topology = read_topology(paths.topology)
     nodes = backend.nodes()  # read-only: for partitions (and GPUs when there is no topology file)
-    validate(req, limits_from(topology, nodes), check_command=check_command, env=env)
+    limits = replace(limits_from(topology, nodes), managed=paths.partitions)
+    validate(req, limits, check_command=check_command, env=env)
     check_account(req, backend, user, env, stderr or sys.stderr)
     sig = signal_name(req.signal or paths.signal or "USR2")
     name = req.job_name if req.job_name is not None else default_name(req.command)

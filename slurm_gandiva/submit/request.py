@@ -216,13 +216,15 @@ def array_tasks(spec: str) -> tuple[tuple[int, ...], int]:
 @dataclass(frozen=True)
 class ClusterLimits:
     """What the cluster can give: GPUs per node, nodes per partition, and CPUs and memory (MB) per node
-    (empty, or 0 for a node: unknown, not checked)."""
+    (empty, or 0 for a node: unknown, not checked); the partitions the controller manages (empty: every one,
+    or not known)."""
 
     node_gpus: Mapping[str, int]
     partitions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     default_partition: str | None = None
     node_cpus: Mapping[str, int] = field(default_factory=dict)
     node_memory: Mapping[str, int] = field(default_factory=dict)
+    managed: tuple[str, ...] = ()
 
     @staticmethod
     def from_topology(topo: Topology, partitions: Mapping[str, tuple[str, ...]] | None = None,
@@ -384,6 +386,13 @@ def validate(req: SbatchRequest, limits: ClusterLimits, *, check_command: bool =
             raise BadRequest(
                 f"unknown partition {unknown[0]!r}: choose one of {', '.join(sorted(limits.partitions))}"
             )
+    if partition is not None and limits.managed:
+        # The controller schedules only its partitions' jobs: one elsewhere would wait forever.
+        unmanaged = [p for p in partition.split(",") if p not in limits.managed]
+        if unmanaged:
+            raise BadRequest(
+                f"partition {unmanaged[0]!r} is not scheduled by gandiva: choose one of {', '.join(limits.managed)}"
+            )
     if partition is not None and limits.partitions:
         members = {n for p in partition.split(",") for n in limits.partitions.get(p, ())}
         nodes = {n: g for n, g in nodes.items() if n in members}
@@ -419,9 +428,10 @@ def _megabytes(text: str) -> float | None:
 
 def check_resources(req: SbatchRequest, limits: ClusterLimits, nodes: Mapping[str, int], where: str,
                     env: Mapping[str, str]) -> None:
-    """Refuse (BadRequest, one line) CPUs or memory per node that some GPU node of `nodes` (name -> GPUs)
-    cannot hold: the controller places by GPUs alone, so it may plan the job on any of them. A job's share
-    on a node is counted at its largest (--gpus MAX, the controller may grow it), with gandiva's one task."""
+    """Refuse (BadRequest, one line) CPUs or memory per node that no GPU node of `nodes` (name -> GPUs) can
+    hold; a request that some node holds is accepted (the controller places it only where its CPUs and memory
+    fit). A job's share on a node is counted at its largest (--gpus MAX, the controller may grow it), with
+    gandiva's one task."""
     asked = {opt: env[var] for var, opt in _RESOURCE_ENV.items() if env.get(var)}
     asked.update(req.resources)
     if not asked:
@@ -434,28 +444,45 @@ def check_resources(req: SbatchRequest, limits: ClusterLimits, nodes: Mapping[st
             return default  # not a number: sbatch refuses it
 
     per_task = count("--cpus-per-task", 1) * count("--ntasks-per-node", 1)
+    gpu_nodes = 0
+    short_cpus: list[tuple[int, int]] = []  # (CPUs needed, CPUs the node has) where they do not fit
+    short_mem: list[tuple[float, int]] = []  # (MB needed, MB the node has) where they do not fit
     for name, gpus in sorted(nodes.items()):
         if gpus < 1:
             continue
+        gpu_nodes += 1
         share = min(req.gpus.max, gpus)
         cpus = max(per_task, count("--mincpus", 0), count("--cpus-per-gpu", 0) * share)
-        have = limits.node_cpus.get(name, 0)
-        if have and cpus > have:
-            raise BadRequest(
-                f"the request needs {cpus} CPUs on a node ({_spelled(asked, _CPU_OPTIONS, req)}), but node "
-                f"{name}{where} has {have}: ask for fewer CPUs"
-            )
         mem = _megabytes(asked["--mem"]) if "--mem" in asked else None
         for option, times in (("--mem-per-cpu", cpus), ("--mem-per-gpu", share)):
             each = _megabytes(asked[option]) if option in asked else None
             if each is not None:
                 mem = max(mem or 0.0, each * times)
-        have = limits.node_memory.get(name, 0)
-        if mem and have and mem > have:  # --mem=0 is "all of the node's memory"
-            raise BadRequest(
-                f"the request needs {mem:.0f} MB of memory on a node ({_spelled(asked, _MEM_OPTIONS, req)}), "
-                f"but node {name}{where} has {have} MB: ask for less memory"
-            )
+        have_cpus, have_mem = limits.node_cpus.get(name, 0), limits.node_memory.get(name, 0)
+        cpus_fit = not have_cpus or cpus <= have_cpus
+        mem_fit = not mem or not have_mem or mem <= have_mem  # --mem=0 is "all of the node's memory"
+        if cpus_fit and mem_fit:
+            return
+        if not cpus_fit:
+            short_cpus.append((cpus, have_cpus))
+        if mem and not mem_fit:
+            short_mem.append((mem, have_mem))
+    if len(short_cpus) == gpu_nodes and short_cpus:
+        raise BadRequest(
+            f"the request needs {min(n for n, _ in short_cpus)} CPUs on a node ({_spelled(asked, _CPU_OPTIONS, req)}"
+            f"), but no node{where} has more than {max(h for _, h in short_cpus)}: ask for fewer CPUs"
+        )
+    if len(short_mem) == gpu_nodes and short_mem:
+        raise BadRequest(
+            f"the request needs {min(n for n, _ in short_mem):.0f} MB of memory on a node "
+            f"({_spelled(asked, _MEM_OPTIONS, req)}), but no node{where} has more than "
+            f"{max(h for _, h in short_mem)} MB: ask for less memory"
+        )
+    if gpu_nodes:
+        raise BadRequest(
+            f"no node{where} has both the CPUs and the memory the request needs ({_spelled(asked, _MEM_OPTIONS, req)}"
+            "): ask for fewer CPUs or less memory"
+        )
 
 
 _CPU_OPTIONS = ("--cpus-per-task", "--ntasks-per-node", "--mincpus", "--cpus-per-gpu")

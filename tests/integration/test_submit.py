@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -94,8 +96,9 @@ def test_sbatch_as_user_creates_a_held_marked_job(
         (["--gpus", "8", "--exclude=n2", "--", "/bin/true"], "--exclude cannot be honoured by gandiva"),
         (["--gpus", "8", "-xn2", "--", "/bin/true"], "-x in -xn2 (--exclude) cannot be honoured"),
         (["-n", "8", "--ntasks-per-node=4", "-c", "4", "--gpus", "1", "--", "/bin/true"],
-         "needs 16 CPUs on a node (--cpus-per-task=4 --ntasks-per-node=4), but node n1 has 8"),
-        (["--mem=9G", "--", "/bin/true"], "needs 9216 MB of memory on a node (--mem=9G), but node n1 has 8000 MB"),
+         "needs 16 CPUs on a node (--cpus-per-task=4 --ntasks-per-node=4), but no node has more than 8"),
+        (["--mem=9G", "--", "/bin/true"], "needs 9216 MB of memory on a node (--mem=9G), but no node has more than "
+                                          "8000 MB"),
     ],
 )
 def test_bad_requests_exit_nonzero_with_one_line_and_submit_nothing(
@@ -115,6 +118,32 @@ def test_bad_requests_exit_nonzero_with_one_line_and_submit_nothing(
     # No new job: earlier tests' finished jobs may leave Slurm's list meanwhile (MinJobAge), so not `==`.
     assert not _user_job_ids(slurm, test_user) - before
     assert private_dirs() == dirs_before  # no job directory made either
+
+
+def test_a_partition_the_controller_does_not_manage_is_refused(
+    slurm: SlurmBackend, slurm_env: dict[str, str], test_user: str,
+) -> None:
+    # The controller's config (named by $GANDIVA_CONF) manages another partition: a job in `gpu` would wait
+    # forever, so it is refused with one line and nothing reaches Slurm.
+    here = Path(tempfile.mkdtemp(prefix="gandiva-conf-"))  # readable by the test user
+    here.chmod(0o755)
+    conf = here / "gandiva.conf"
+    conf.write_text("partitions = cpu\n")
+    conf.chmod(0o644)
+    before = _user_job_ids(slurm, test_user)
+    proc = run_as(test_user, [GANDIVA, "sbatch", "-p", "gpu", "--", "/bin/true"],
+                  {**slurm_env, "GANDIVA_CONF": str(conf)})
+    assert proc.returncode == 2, proc.stderr
+    refusal = "gandiva: error: partition 'gpu' is not scheduled by gandiva: choose one of cpu"
+    assert proc.stderr.strip() == refusal, proc.stderr
+    assert not _user_job_ids(slurm, test_user) - before
+    # The same request where the controller manages `gpu` is submitted.
+    conf.write_text("partitions = gpu\n")
+    proc = run_as(test_user, [GANDIVA, "sbatch", "--parsable", "-p", "gpu", "-o", "/dev/null", "--", "/bin/true"],
+                  {**slurm_env, "GANDIVA_CONF": str(conf)})
+    assert proc.returncode == 0, proc.stderr
+    slurm.cancel(proc.stdout.strip())
+    shutil.rmtree(here)
 
 
 def test_sbatch_job_starts_on_exact_gpus_then_resizes_to_another_node(

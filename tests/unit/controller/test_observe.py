@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_gandiva.controller.observe import (
     PROGRESS_CARRY_S,
@@ -14,6 +14,7 @@ from slurm_gandiva.controller.observe import (
     requested_placement,
 )
 from slurm_gandiva.model import GpuRef, JobSpec, JobState, Locality, Topology
+from slurm_gandiva.selector import make_policy
 from slurm_gandiva.slurm.base import HoldKind
 from slurm_gandiva.store.api import RateRecord, SliceEnd, SliceRecord
 from tests.unit.controller.controller_fakes import nodes, pl, sjob
@@ -203,3 +204,34 @@ def test_slice_starts_at_the_first_progress_report_not_the_slurm_start() -> None
         view = build_view(one_gpu, nodes()[:1], inputs, {}, 1020.5)
         plan = make_policy("gandiva", quantum=20.0, pack=False, hysteresis=0.0).decide(view, 1020.5)
         assert (not any(d.job_id == "1" for d in plan.decisions)) is kept, (p, plan)
+
+
+def test_memory_counts_only_where_slurm_allocates_it() -> None:
+    # n1: 8000 MB, 7000 allocated: a managed job runs there with 3000, so outside jobs hold 4000.
+    n1, n2 = nodes()
+    ns = (replace(n1, cpus=8, memory=8000, alloc_cpus=3, alloc_memory=7000),
+          replace(n2, cpus=8, memory=8000, alloc_memory=0))
+    running = replace(sjob("1", "RUNNING", hold=HoldKind.NONE, gpus={"n1": (0,)}), min_cpus_per_node=1,
+                      min_memory_per_node=3000)
+    inputs = [JobInputs(running, spec("1"))]
+    counted = build_view(TOPO, ns, inputs, {}, 1000.0, memory=True).topology
+    assert (counted.node("n1").memory_mb, counted.node("n1").memory_taken_mb) == (8000, 4000)
+    assert (counted.node("n2").memory_mb, counted.node("n2").memory_taken_mb) == (8000, 0)
+    assert (counted.node("n1").cpus, counted.node("n1").cpus_taken) == (8, 2)
+    # Memory not consumable (CR_Core): not counted at all, whatever the nodes say; CPUs still are.
+    plain = build_view(TOPO, ns, inputs, {}, 1000.0).topology
+    assert (plain.node("n1").memory_mb, plain.node("n1").memory_taken_mb) == (0, 0)
+    assert plain.node("n1").cpus_taken == 2
+    # A node Slurm does not list is not counted (and is down).
+    only_n1 = build_view(TOPO, ns[:1], inputs, {}, 1000.0, memory=True).topology
+    assert only_n1.node("n2").memory_mb == 0 and not only_n1.node("n2").up
+
+
+def test_a_node_whose_memory_outside_jobs_hold_is_not_offered() -> None:
+    # n1's memory is all held by jobs outside the view: a waiting 1-GPU job is placed on n2 only.
+    n1, n2 = nodes()
+    ns = (replace(n1, cpus=8, memory=8000, alloc_cpus=2, alloc_memory=8000), replace(n2, cpus=8, memory=8000))
+    waiting = replace(sjob("1"), min_cpus_per_node=1, min_memory_per_node=1000)
+    view = build_view(TOPO, ns, [JobInputs(waiting, spec("1"))], {}, 1000.0, memory=True)
+    plan = make_policy("gandiva").decide(view, view.now)
+    assert [d.placement.nodes for d in plan.decisions if d.placement is not None] == [("n2",)]

@@ -61,3 +61,25 @@ def test_behaviour_per_release(
 def test_release_text_is_slurms_spelling() -> None:
     assert SlurmCapabilities.for_release((22, 5, 8)).release_text == "22.05.8"
     assert SlurmCapabilities.for_release((24, 11, 5)).describe().startswith("Slurm 24.11.5 (")
+
+
+@pytest.mark.parametrize(
+    ("params", "counted"),
+    [
+        ("CR_CORE_MEMORY", True),  # as scontrol show config prints it
+        ("CR_Core_Memory,MULTIPLE_SHARING_GRES_PJ", True),
+        ("CR_CPU_MEMORY", True),
+        ("CR_SOCKET_MEMORY", True),
+        ("CR_MEMORY", True),
+        ("CR_CORE", False),
+        ("CR_CORE,MULTIPLE_SHARING_GRES_PJ", False),
+        ("CR_CPU", False),
+        ("", False),
+    ],
+)
+def test_memory_is_counted_where_select_type_parameters_make_it_consumable(params: str, counted: bool) -> None:
+    text = SHOW_CONFIG + f"SelectTypeParameters    = {params}\n"
+    caps = SlurmCapabilities.from_config(text)
+    assert caps.memory_consumable is counted
+    assert ("memory counted" in caps.describe()) is counted
+    assert SlurmCapabilities.for_release((24, 11, 5)).memory_consumable is False  # not said: not counted

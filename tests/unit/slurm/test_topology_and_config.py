@@ -78,9 +78,10 @@ def test_templates_found_and_rendered(tmp_path: Path) -> None:
     assert f"NodeName=n2 Name=shard Type=g1 Count=2 File={c.state_dir}/dev/gpu1" in gres
     assert "slurm_job_modify" in files["job_submit.lua"]
     assert c.env == {"SLURM_CONF": str(c.state_dir / "etc" / "slurm.conf")}
-    assert "SelectTypeParameters=CR_Core\n" in conf  # 22.05 knows no MULTIPLE_SHARING_GRES_PJ
+    assert "SelectTypeParameters=CR_Core_Memory\n" in conf  # 22.05 knows no MULTIPLE_SHARING_GRES_PJ
+    assert "DefMemPerCPU=1000\n" in conf  # 8 CPUs, 8000 MB: a job's CPUs' share of a node
     newer = DevCluster(tmp_path / "t", capabilities=SlurmCapabilities.for_release((24, 11, 5)))
-    assert "SelectTypeParameters=CR_Core,MULTIPLE_SHARING_GRES_PJ\n" in newer._rendered()["slurm.conf"]
+    assert "SelectTypeParameters=CR_Core_Memory,MULTIPLE_SHARING_GRES_PJ\n" in newer._rendered()["slurm.conf"]
 
 
 def test_bad_options(tmp_path: Path) -> None:

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from slurm_gandiva.errors import BadRequest
@@ -206,13 +208,13 @@ NODES_8CPU = ClusterLimits({"n1": 4, "n2": 4}, {"gpu": ("n1", "n2")}, node_cpus=
     "argv,needle",
     [
         (["-n", "8", "--ntasks-per-node=4", "-c", "4", "--gpus", "1"],
-         "needs 16 CPUs on a node (--cpus-per-task=4 --ntasks-per-node=4), but node n1 has 8"),
+         "needs 16 CPUs on a node (--cpus-per-task=4 --ntasks-per-node=4), but no node has more than 8"),
         (["-c16"], "needs 16 CPUs"),
         (["-vc", "9"], "needs 9 CPUs"),
         (["--cpus-per-t=9"], "needs 9 CPUs"),  # a prefix of --cpus-per-task
         (["--mincpus=12"], "needs 12 CPUs"),
         (["--gpus", "1:4", "--cpus-per-gpu=3"], "needs 12 CPUs on a node (--cpus-per-gpu=3 --gpus 4)"),
-        (["--mem=9G"], "needs 9216 MB of memory on a node (--mem=9G), but node n1 has 8000 MB"),
+        (["--mem=9G"], "needs 9216 MB of memory on a node (--mem=9G), but no node has more than 8000 MB"),
         (["--mem-per-cpu=2G", "-c", "8"], "needs 16384 MB"),
         (["--mem-per-gpu=3000", "--gpus", "4"], "needs 12000 MB"),
     ],
@@ -237,6 +239,46 @@ def test_sbatch_variables_for_cpus_and_memory_count_unless_an_option_overrides_t
     with pytest.raises(BadRequest, match="needs 102400 MB"):
         validate(req, NODES_8CPU, env={"SBATCH_MEM_PER_NODE": "100G"})
     validate(parse_request(["--mem=1G", "--", "true"]), NODES_8CPU, env={"SBATCH_MEM_PER_NODE": "100G"})
+
+
+# n1: many CPUs, little memory; n2: few CPUs, much memory; n3: no GPU (never counted).
+MIXED = ClusterLimits({"n1": 4, "n2": 2, "n3": 0}, {"gpu": ("n1", "n2", "n3")},
+                      node_cpus={"n1": 32, "n2": 8, "n3": 128}, node_memory={"n1": 8000, "n2": 64000, "n3": 10**6})
+
+
+@pytest.mark.parametrize("argv", [["-c", "16"], ["--mem=32G"], ["-c", "8", "--mem=60G"], ["-c", "32", "--mem=8000"],
+                                  ["--gpus", "2", "--cpus-per-gpu=16"]])
+def test_a_request_some_node_can_hold_is_accepted(argv: list[str]) -> None:
+    validate(parse_request([*argv, "--", "true"]), MIXED)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["-c", "64"], "needs 64 CPUs on a node (--cpus-per-task=64), but no node in partition gpu has more than 32"),
+        (["--mem=100G"], "needs 102400 MB of memory on a node (--mem=100G), but no node in partition gpu has more "
+                         "than 64000 MB"),
+        (["-c", "16", "--mem=32G"], "no node in partition gpu has both the CPUs and the memory the request needs "
+                                    "(--mem=32G --cpus-per-task=16): ask for fewer CPUs or less memory"),
+    ],
+)
+def test_a_request_no_gpu_node_can_hold_is_refused(argv: list[str], needle: str) -> None:
+    with pytest.raises(BadRequest) as ei:
+        validate(parse_request(["-p", "gpu", *argv, "--", "true"]), MIXED)
+    assert needle in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_a_partition_the_controller_does_not_manage_is_refused() -> None:
+    managed = replace(LIMITS, managed=("gpu",))
+    with pytest.raises(BadRequest, match=r"^partition 'small' is not scheduled by gandiva: choose one of gpu$"):
+        validate(parse_request(["-p", "small", "--", "true"]), managed)
+    with pytest.raises(BadRequest, match="partition 'small' is not scheduled"):  # one of several
+        validate(parse_request(["-p", "gpu,small", "--", "true"]), managed)
+    with pytest.raises(BadRequest, match="partition 'small' is not scheduled"):  # Slurm's default, when known
+        validate(parse_request(["--", "true"]), replace(managed, default_partition="small"))
+    validate(parse_request(["-p", "gpu", "--", "true"]), managed)
+    validate(parse_request(["--", "true"]), managed)  # the default partition not known: Slurm's choice
+    validate(parse_request(["-p", "small", "--", "true"]), LIMITS)  # no controller config read: not checked
 
 
 @pytest.mark.parametrize("gpus", ["8", "6", "3:8", "2"])
