@@ -56,7 +56,7 @@ def make_policy(name: str, **params: object) -> Policy:
 
 # Parameters that must be positive (the rest of the numbers: zero or more; `seed`: any whole number).
 _POSITIVE = frozenset(
-    {"quantum", "trial_window", "lease", "threshold", "probe", "depth", "window", "max_age", "half_life"}
+    {"quantum", "trial_window", "lease", "threshold", "probe", "depth", "window", "max_age", "half_life", "calc_period"}
 )
 _CHOICES = {"fairshare": ("fair_tree", "classic", "off")}  # Slurm's fairshare modes (selector/baselines.py)
 _FRACTION = frozenset({"pack_keep"})  # in (0, 1]

@@ -187,7 +187,10 @@ class Slurm:
     partition, QOS, nice) are left at weight 0, and usage is GPU-seconds (TRESBillingWeights=GRES/gpu=1).
     - Age factor: min(time waiting since submission, `max_age`) / `max_age`.
     - Usage: each tenant's (account, user) GPU-seconds, decayed with half-life `half_life`
-      (`fairshare.TenantUsage`, the state carried between rounds; Slurm decays it every PriorityCalcPeriod).
+      (`fairshare.TenantUsage`, the state carried between rounds), updated at every round. Slurm adds
+      usage every PriorityCalcPeriod (5 min); so, while more than one tenant has jobs and some wait,
+      `next_decision` asks for a round every `calc_period` s (a job that ends between two rounds is
+      charged up to the last one: at most `calc_period` s of its GPUs are missed).
     - `fairshare="fair_tree"` (Slurm's default since 19.05, https://slurm.schedmd.com/fair_tree.html,
       src/plugins/priority/multifactor/fair_tree.c): at each level of the tree (accounts, then users in
       an account) siblings are ranked by LevelFS = S / U (S: its shares over its siblings', U: its usage
@@ -239,6 +242,7 @@ class Slurm:
     weight_age: float = 1000.0
     max_age: float = 7 * 86400.0
     half_life: float = DEFAULT_HALF_LIFE_S
+    calc_period: float = 300.0
     shares: Mapping[str, float] = field(default_factory=dict, compare=False)
     seed: int = 0
     name: str = "slurm"
@@ -252,14 +256,26 @@ class Slurm:
             raise ValueError(f"overestimate must be at least 1, not {self.overestimate}")
         if self.fairshare not in FAIRSHARE_MODES:
             raise ValueError(f"fairshare must be one of {', '.join(FAIRSHARE_MODES)}, not {self.fairshare!r}")
-        if not (self.max_age > 0 and self.half_life > 0 and self.weight_fairshare >= 0 and self.weight_age >= 0):
-            raise ValueError("max_age and half_life must be positive, the weights not negative")
+        positive = min(self.max_age, self.half_life, self.calc_period) > 0
+        if not (positive and min(self.weight_fairshare, self.weight_age) >= 0):
+            raise ValueError("max_age, half_life and calc_period must be positive, the weights not negative")
+
+    @property
+    def _fair(self) -> bool:
+        return self.fairshare != "off" and self.weight_fairshare > 0
+
+    def next_decision(self, view: ClusterView, now: float) -> float | None:
+        """A round every `calc_period` s while the usage of several tenants decides who waits (else None:
+        Slurm's rounds are its events)."""
+        if not self._fair or not view.waiting or not view.running:
+            return None
+        first = tenant_of(view.jobs[0])
+        return now + self.calc_period if any(tenant_of(j) != first for j in view.active) else None
 
     def priorities(self, view: ClusterView, jobs: Collection[Job]) -> dict[str, int] | None:
         """Job id -> its multifactor priority (None: fairshare off, submit order); updates the usage."""
         if self.fairshare == "off" or not (self.weight_fairshare or self.weight_age):
             return None
-        self.usage.update(view, self.half_life)
         shares = view.tenants.shares if view.tenants is not None else self.shares
         user_shares = view.tenants.user_shares if view.tenants is not None else {}
         tenants = {tenant_of(j) for j in jobs} | set(self.usage.usage)
@@ -287,6 +303,8 @@ class Slurm:
         return max(PAST_LIMIT_S, limit - job.attained_service / k)
 
     def decide(self, view: ClusterView, now: float) -> Plan:
+        if self._fair:
+            self.usage.update(view, self.half_life)
         jobs = active_jobs(view)
         speeds = Speeds(self.memo)
         free = capacity(view)

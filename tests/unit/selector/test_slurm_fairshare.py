@@ -75,7 +75,7 @@ def test_age_breaks_a_fairshare_tie_and_usage_decays() -> None:
     assert prio == {"late": 10000 + 1000, "early": 10000 + 1000}  # both ages past max_age: a tie
     pol.usage.usage[("a", "x")] = 8.0
     pol.usage.at = 0.0
-    pol.priorities(ClusterView(Topology.uniform(1, 4), jobs, 2 * 7 * 86400.0), jobs)
+    pol.decide(ClusterView(Topology.uniform(1, 4), jobs, 2 * 7 * 86400.0), 2 * 7 * 86400.0)
     assert pol.usage.usage[("a", "x")] == pytest.approx(2.0)  # two half-lives
 
 
@@ -105,3 +105,20 @@ def test_fairshare_parameters_are_checked() -> None:
         check_params("slurm", {"weight_age": -1})
     with pytest.raises(ValueError, match="fairshare must be one of"):
         make_policy("slurm", fairshare="nope")
+
+
+def test_two_users_in_the_simulator_bob_goes_first_once_alices_first_wave_ends() -> None:
+    # 8 GPUs; alice: 40 x 4 h one-GPU jobs at t=0; bob: 4 such at 10 min. Slurm never preempts, so bob
+    # waits for the first wave (4 h) under fairshare; in submit order he waits for all of alice's.
+    hours4 = 4 * 3600.0
+    jobs = [TraceJob(f"a{i}", 0.0, hours4, 1, model="cifar10", user="alice", account="a") for i in range(40)]
+    jobs += [TraceJob(f"b{i}", 600.0, hours4, 1, model="cifar10", user="bob", account="b") for i in range(4)]
+    trace, cfg = Trace("two", tuple(jobs)), SimConfig(nodes=2, gpus_per_node=4)
+
+    def bob(**params: object) -> float:
+        res = Simulator(trace, make_policy("slurm", **params), cfg).run()
+        return sum(j.jct or math.inf for j in res.jobs if j.job_id.startswith("b")) / 4
+
+    assert bob() < 2 * hours4
+    assert bob(fairshare="classic") < 2 * hours4
+    assert bob(fairshare="off") > 5 * hours4
