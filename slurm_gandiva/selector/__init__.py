@@ -55,7 +55,10 @@ def make_policy(name: str, **params: object) -> Policy:
 
 
 # Parameters that must be positive (the rest of the numbers: zero or more; `seed`: any whole number).
-_POSITIVE = frozenset({"quantum", "trial_window", "lease", "threshold", "probe", "depth", "window"})
+_POSITIVE = frozenset(
+    {"quantum", "trial_window", "lease", "threshold", "probe", "depth", "window", "max_age", "half_life", "calc_period"}
+)
+_CHOICES = {"fairshare": ("fair_tree", "classic", "off")}  # Slurm's fairshare modes (selector/baselines.py)
 _FRACTION = frozenset({"pack_keep"})  # in (0, 1]
 _FACTOR = frozenset({"overestimate"})  # 1 or more
 
@@ -79,6 +82,8 @@ def _checked(key: str, value: object, hint: object) -> object:
             raise ConfigError(f"{bad} must be true or false")
         return value
     if kinds == {str}:
+        if key in _CHOICES and str(value) not in _CHOICES[key]:
+            raise ConfigError(f"{bad} must be one of {', '.join(_CHOICES[key])}")
         return str(value)
     if kinds == {int}:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -1,6 +1,7 @@
 """Baselines, all rigid (a job runs on its requested count, min_gpus, on whole GPUs):
 
-- `Slurm`: what plain Slurm gives, priority FIFO with backfill (sched/backfill, Slurm's default).
+- `Slurm`: what plain Slurm gives, multifactor priority (fairshare and age) with backfill (sched/backfill,
+  Slurm's default).
 - `Fifo`: strict FIFO (Slurm's sched/builtin); with `backfill`, greedy backfill without time limits.
 - `Srtf`: preemptive shortest remaining time first on exact remaining times.
 - `Tiresias`: Tiresias-LAS with two queues by attained GPU-service.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -19,6 +21,7 @@ from slurm_gandiva.model import ClusterView, Job, JobState
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector.afs import tie_rank
 from slurm_gandiva.selector.common import GroupRoom, Memo, Speeds, active_jobs, capacity, fill, pinned_counts
+from slurm_gandiva.selector.fairshare import DEFAULT_HALF_LIFE_S, Tenant, TenantUsage, tenant_of
 from slurm_gandiva.selector.placement import placed_ok, realize
 
 # Slurm's backfill defaults (src/plugins/sched/backfill/backfill.c: DEF_BF_MAX_JOB_TEST, BACKFILL_WINDOW).
@@ -91,6 +94,83 @@ class _Profile:
         return i
 
 
+def _siblings(shares: Mapping[str, float], names: Collection[str]) -> dict[str, float]:
+    """Each of `names` -> its RawShares (1 when not named)."""
+    return {n: float(shares.get(n, 1.0)) for n in names}
+
+
+def _user_shares(user_shares: Mapping[Tenant, float], a: str, users: Collection[str]) -> dict[str, float]:
+    return {u: float(user_shares.get((a, u), 1.0)) for u in users}
+
+
+def _tree(tenants: Collection[Tenant]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for a, u in sorted(tenants):
+        out.setdefault(a, []).append(u)
+    return out
+
+
+def fair_tree_factors(
+    tenants: Collection[Tenant],
+    usage: Mapping[Tenant, float],
+    shares: Mapping[str, float],
+    user_shares: Mapping[Tenant, float],
+) -> dict[Tenant, float]:
+    """Slurm's Fair Tree fairshare factor of each tenant (see `Slurm`): rank by LevelFS, accounts first."""
+    tree = _tree(tenants)
+
+    def level_fs(raw: Mapping[str, float], used: Mapping[str, float]) -> dict[str, float]:
+        s_all, u_all = sum(raw.values()), sum(used.values())
+        return {n: (raw[n] / s_all) / (used[n] / u_all) if used[n] > 0 else math.inf for n in raw}
+
+    a_use = {a: sum(usage.get((a, u), 0.0) for u in us) for a, us in tree.items()}
+    a_fs = level_fs(_siblings(shares, tree), a_use)
+    key: dict[Tenant, tuple[float, float]] = {}
+    for a, us in tree.items():
+        u_fs = level_fs(_user_shares(user_shares, a, us), {u: usage.get((a, u), 0.0) for u in us})
+        key.update({(a, u): (a_fs[a], u_fs[u]) for u in us})
+    order = sorted(key, key=lambda t: (-key[t][0], -key[t][1], t))
+    n = len(order)
+    out: dict[Tenant, float] = {}
+    rank, prev = n, None
+    for i, t in enumerate(order):
+        if key[t] != prev:
+            rank, prev = n - i, key[t]
+        out[t] = rank / n
+    return out
+
+
+def classic_factors(
+    tenants: Collection[Tenant],
+    usage: Mapping[Tenant, float],
+    shares: Mapping[str, float],
+    user_shares: Mapping[Tenant, float],
+) -> dict[Tenant, float]:
+    """Slurm's classic fairshare factor 2^(-EffectvUsage/NormShares) of each tenant (see `Slurm`)."""
+    tree = _tree(tenants)
+    a_raw = _siblings(shares, set(tree) | set(shares))
+    a_total = sum(a_raw.values())
+    total = sum(usage.get(t, 0.0) for t in tenants)
+    out: dict[Tenant, float] = {}
+    for a, us in tree.items():
+        u_raw = _user_shares(user_shares, a, set(us) | {u for aa, u in user_shares if aa == a})
+        u_total = sum(u_raw.values())
+        a_eff = sum(usage.get((a, u), 0.0) for u in us) / total if total else 0.0
+        for u in us:
+            norm = (u_raw[u] / u_total) * (a_raw[a] / a_total)
+            mine = usage.get((a, u), 0.0) / total if total else 0.0
+            eff = mine + (a_eff - mine) * u_raw[u] / u_total
+            out[(a, u)] = 2.0 ** (-eff / norm)
+    return out
+
+
+FAIRSHARE_MODES = ("fair_tree", "classic", "off")
+_Factors = Callable[
+    [Collection[Tenant], Mapping[Tenant, float], Mapping[str, float], Mapping[Tenant, float]], dict[Tenant, float]
+]
+FAIRSHARE_FACTORS: dict[str, _Factors] = {"fair_tree": fair_tree_factors, "classic": classic_factors}
+
+
 @dataclass(frozen=True)
 class Slurm:
     """Plain Slurm: priority FIFO with EASY backfill on whole GPUs; never preempts, resizes or migrates.
@@ -98,10 +178,35 @@ class Slurm:
     Slurm's default scheduler is sched/backfill: "Backfill scheduling will start lower priority jobs if
     doing so does not delay the expected start time of any higher priority jobs", the expected times
     coming from the jobs' time limits (https://slurm.schedmd.com/sched_config.html; SchedulerParameters
-    bf_* in https://slurm.schedmd.com/slurm.conf.html). Priority is submit order: priority/basic, or
-    priority/multifactor (the newer default) with its weights left at 0, where ties go by submit time
-    (https://slurm.schedmd.com/priority_multifactor.html).
-    Each round, in that order: a job that fits now starts; the first that does not gets a reservation
+    bf_* in https://slurm.schedmd.com/slurm.conf.html). Priority is priority/multifactor as nearly every
+    site runs it (https://slurm.schedmd.com/priority_multifactor.html; src/plugins/priority/multifactor/
+    priority_multifactor.c): `weight_fairshare` x the fairshare factor + `weight_age` x the age factor,
+    truncated to a whole number as Slurm's job priority is, ties by submit time (then job id). The
+    defaults are a typical site's PriorityWeightFairshare=10000, PriorityWeightAge=1000, PriorityMaxAge=7-0,
+    PriorityDecayHalfLife=7-0 (the last two Slurm's own defaults); the other factors (job size,
+    partition, QOS, nice) are left at weight 0, and usage is GPU-seconds (TRESBillingWeights=GRES/gpu=1).
+    - Age factor: min(time waiting since submission, `max_age`) / `max_age`.
+    - Usage: each tenant's (account, user) GPU-seconds, decayed with half-life `half_life`
+      (`fairshare.TenantUsage`, the state carried between rounds), updated at every round. Slurm adds
+      usage every PriorityCalcPeriod (5 min); so, while more than one tenant has jobs and some wait,
+      `next_decision` asks for a round every `calc_period` s (a job that ends between two rounds is
+      charged up to the last one: at most `calc_period` s of its GPUs are missed).
+    - `fairshare="fair_tree"` (Slurm's default since 19.05, https://slurm.schedmd.com/fair_tree.html,
+      src/plugins/priority/multifactor/fair_tree.c): at each level of the tree (accounts, then users in
+      an account) siblings are ranked by LevelFS = S / U (S: its shares over its siblings', U: its usage
+      over its siblings'; no usage: infinite), an account's users all above the next account's; the
+      factor is rank / number of users, the top one 1 (ties share a rank).
+    - `fairshare="classic"` (PriorityFlags=NO_FAIR_TREE, https://slurm.schedmd.com/classic_fair_share.html):
+      F = 2^(-EffectvUsage / NormShares), NormShares = (user's shares / its siblings') x (account's /
+      its siblings'), EffectvUsage of an account its share of all usage, of a user
+      U + (EffectvUsage(account) - U) x its shares / its siblings' (U: its share of all usage).
+    - `fairshare="off"` (or both weights 0): strict submit order, priority/basic (the variant used
+      before issue 30; with a single tenant every mode gives this same order).
+    The shares are the view's (`ClusterView.tenants`, from Slurm's accounting) when it has them, else
+    `shares` (account -> RawShares, 1 when not named; users share their account equally). Only tenants
+    the scheduler has seen are in the tree (Slurm also counts idle associations: it scales, not reorders,
+    Fair Tree's factor).
+    Each round, in priority order: a job that fits now starts; the first that does not gets a reservation
     at the earliest time enough GPUs free up, from the expected ends of the running jobs; a later job
     starts now only if it fits now and does not delay that reservation (it ends by its estimate at the
     reservation's start, or it only uses GPUs the reservation does not need). That is EASY backfill
@@ -132,15 +237,57 @@ class Slurm:
     depth: int = BF_MAX_JOB_TEST
     reserve: int = 1
     window: float | None = None
+    fairshare: str = "fair_tree"
+    weight_fairshare: float = 10000.0
+    weight_age: float = 1000.0
+    max_age: float = 7 * 86400.0
+    half_life: float = DEFAULT_HALF_LIFE_S
+    calc_period: float = 300.0
+    shares: Mapping[str, float] = field(default_factory=dict, compare=False)
     seed: int = 0
     name: str = "slurm"
     quantum: float | None = None
     elastic: ClassVar[bool] = False
     memo: Memo = field(default_factory=Memo, init=False, repr=False, compare=False)
+    usage: TenantUsage = field(default_factory=TenantUsage, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.overestimate >= 1.0:
             raise ValueError(f"overestimate must be at least 1, not {self.overestimate}")
+        if self.fairshare not in FAIRSHARE_MODES:
+            raise ValueError(f"fairshare must be one of {', '.join(FAIRSHARE_MODES)}, not {self.fairshare!r}")
+        positive = min(self.max_age, self.half_life, self.calc_period) > 0
+        if not (positive and min(self.weight_fairshare, self.weight_age) >= 0):
+            raise ValueError("max_age, half_life and calc_period must be positive, the weights not negative")
+
+    @property
+    def _fair(self) -> bool:
+        return self.fairshare != "off" and self.weight_fairshare > 0
+
+    def next_decision(self, view: ClusterView, now: float) -> float | None:
+        """A round every `calc_period` s while the usage of several tenants decides who waits (else None:
+        Slurm's rounds are its events)."""
+        if not self._fair or not view.waiting or not view.running:
+            return None
+        first = tenant_of(view.jobs[0])
+        return now + self.calc_period if any(tenant_of(j) != first for j in view.active) else None
+
+    def priorities(self, view: ClusterView, jobs: Collection[Job]) -> dict[str, int] | None:
+        """Job id -> its multifactor priority (None: fairshare off, submit order); updates the usage."""
+        if self.fairshare == "off" or not (self.weight_fairshare or self.weight_age):
+            return None
+        shares = view.tenants.shares if view.tenants is not None else self.shares
+        user_shares = view.tenants.user_shares if view.tenants is not None else {}
+        tenants = {tenant_of(j) for j in jobs} | set(self.usage.usage)
+        factor = FAIRSHARE_FACTORS[self.fairshare](tenants, self.usage.usage, shares, user_shares)
+        now = view.now
+        return {
+            j.job_id: int(
+                self.weight_fairshare * factor[tenant_of(j)]
+                + self.weight_age * min(max(0.0, now - j.spec.submit_time), self.max_age) / self.max_age
+            )
+            for j in jobs
+        }
 
     def expected(self, job: Job, k: int, speeds: Speeds) -> float:
         """Seconds from now until `job`, running on k GPUs, is expected to end (inf: unknown)."""
@@ -156,6 +303,8 @@ class Slurm:
         return max(PAST_LIMIT_S, limit - job.attained_service / k)
 
     def decide(self, view: ClusterView, now: float) -> Plan:
+        if self._fair:
+            self.usage.update(view, self.half_life)
         jobs = active_jobs(view)
         speeds = Speeds(self.memo)
         free = capacity(view)
@@ -170,9 +319,11 @@ class Slurm:
             # A job of a group at its cap is not a candidate (Slurm leaves an array's task past %MAX
             # pending, reason JobArrayTaskLimit, and schedules the jobs behind it).
             room = GroupRoom.of(view, jobs, counts)
+            pending = [j for j in jobs if j.job_id not in counts]
+            prio = self.priorities(view, pending)
             waiting = sorted(
-                (j for j in jobs if j.job_id not in counts),
-                key=lambda j: (j.spec.submit_time, tie_rank(self.seed, j.job_id)),
+                pending,
+                key=lambda j: (-prio[j.job_id] if prio else 0, j.spec.submit_time, tie_rank(self.seed, j.job_id)),
             )
             self._backfill(waiting, free, ends, now, speeds, counts, room)
         targets, _ = realize(view, jobs, counts, reason="slurm", memo=self.memo)
@@ -319,6 +470,20 @@ class Tiresias:
     (Tiresias' PROMOTEKNOB; default None: off), a low-queue job that has waited more than that many
     times its last run time is promoted. The round needs repeating while jobs cross the threshold,
     hence `quantum` (a job is demoted at most that late).
+
+    The defaults are what both sets of authors ran (checked against their simulators, issue 30):
+    - The AFS authors' simulator (its policy module) sets `Tiresias = tiresias_50_starve`, which is
+      `tiresias_las(jobs, total_gpus, thres=50*3600, starvation_knob=None, relaxed=False)`: two queues
+      split at 50 GPU-hours, no starvation promotion ("_starve": jobs may starve); the high queue is
+      ordered by first start then arrival, the low one by first start. It demotes on the GPU-time of
+      the current run ((now - last start) x GPUs), sticky once demoted.
+    - Tiresias' own simulator (github.com/SymbioticLab/Tiresias, simulator/run_sim.py): the scheme its
+      sim_runs.sh runs, `dlas-gpu`, is `dlas_sim_jobs(True)` (run_sim.py:2048-2049) with
+      solve_starvation=0: no promotion either; the PROMOTEKNOB runs are the separate `dlas-gpu-gittins-N`
+      (N = 1, 2, 4, 8; run_sim.py:2053-2064), promoting when the pending time since the last run reaches
+      N x the executed time (run_sim.py:1067-1072). It demotes on cumulative executed GPU-time
+      (run_sim.py:1042-1053), as this class does, at queue limits of 3250, 7200, 18000 (jobs.py:104).
+    So `starve_factor=None` stays the default; ordering within a queue here is by submission.
     """
 
     threshold: float = 50 * 3600.0

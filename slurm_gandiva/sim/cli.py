@@ -35,6 +35,9 @@ traces:
 fairness: --fairness shares runs the chosen policy under the fair-share layer (selector/fairshare.py, the
   controller's): each round the GPUs are split between accounts by --shares (1 each unless named), then
   equally between the users of an account, work-conserving; the policy decides within each tenant.
+  A trace with more than one tenant (account, user) also gets a table per policy: each tenant's
+  average and worst finish-time fairness rho (a job's JCT over its JCT when its tenant runs alone on
+  floor(GPUs x its share) GPUs, same policy), GPU-hours received against its share, Jain's index.
 
 overheads: each start/resume/migrate/resize/pack costs seconds without progress; the defaults come from
   benchmarks/results/requeue.json when it exists (measured on the real cluster), else guesses
@@ -226,6 +229,15 @@ def _main(args: argparse.Namespace) -> int:
     print(format_summary(summaries, baseline if len(summaries) > 1 else None))
     if len(summaries) > 1:
         print(f"(ratios: each figure over {baseline}'s)")
+    if len({(j.account, j.user) for j in trace.jobs}) > 1:
+        from slurm_gandiva.sim.fairness import Fairness, format_fairness, isolated_jcts
+
+        shares = parse_shares(args.shares)
+        for name, r in zip(names, results, strict=True):
+            alone = isolated_jcts(trace, r, _maker(name, args.seed, params), config, shares)
+            with_ = " with shares" if args.fairness == "shares" else ""
+            print(f"\n{r.policy}{with_}: tenants (rho: JCT over JCT alone on its share of the GPUs, same policy)")
+            print(format_fairness(Fairness.of(r, trace, shares, alone)))
     if args.out:
         from slurm_gandiva.sim.plots import plot_jct_cdf, plot_timeline
 
@@ -236,6 +248,11 @@ def _main(args: argparse.Namespace) -> int:
         written.append(plot_jct_cdf(results, args.out / "jct_cdf.png"))
         print(f"wrote {len(written)} files to {args.out}", file=sys.stderr)
     return 0
+
+
+def _maker(name: str, seed: int, params: dict[str, object]) -> Callable[[], Any]:
+    """A factory of fresh `name` policies (a run's policy carries its own state)."""
+    return lambda: make_named_policy(name, seed=seed, params=params)
 
 
 def _parse_value(text: str) -> object:
