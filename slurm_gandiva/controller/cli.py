@@ -182,11 +182,11 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
 
 
 def _backoff_reason(store: Any, job_id: str, slices: Any) -> str:
-    """The controller's last back-off of a waiting job (why its start is not tried now), unless the job ran
-    since; "" when there is none."""
-    from slurm_gandiva.controller.service import BACKOFF_EVENT
+    """The controller's last back-off of a waiting job (why its start is not tried now), or the GPU limit
+    that keeps it waiting, unless the job ran since; "" when there is none."""
+    from slurm_gandiva.controller.service import BACKOFF_EVENT, LIMIT_EVENT
 
-    events = store.events(job_id=job_id, kinds=[BACKOFF_EVENT])
+    events = store.events(job_id=job_id, kinds=[BACKOFF_EVENT, LIMIT_EVENT])
     if not events:
         return ""
     last = max(events, key=lambda e: e.at)

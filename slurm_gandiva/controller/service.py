@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from slurm_gandiva.config import ControllerConfig, load_config
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 # protocol's start timeout; one cut short is finished by the next controller's recovery).
 STOP_STARTS_S = 30.0
 BACKOFF_EVENT = "backoff"  # a job's failed move, and how long it is not tried again (`gandiva squeue` REASON)
+LIMIT_EVENT = "gpu-limit"  # a job that asks more GPUs than a limit over it allows (`gandiva squeue` REASON)
 
 
 def make_configured_policy(cfg: ControllerConfig) -> Policy:
@@ -70,6 +71,10 @@ def make_configured_policy(cfg: ControllerConfig) -> Policy:
         raise ConfigError(f"{cfg.source}: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{cfg.source}: policy {cfg.policy!r} rejects its parameters ({exc}); fix [policy]") from None
+    if cfg.fairness == "shares":
+        from slurm_gandiva.selector.fairshare import FairShare
+
+        return cast(Policy, FairShare(policy, half_life=cfg.fairness_half_life))  # `name` is its inner's, read-only
     return policy
 
 
@@ -180,6 +185,7 @@ class Controller:
         self._collect_s = 0.0  # how long the last collection between rounds took
         self._backoff: dict[str, float] = {}  # job id -> until when its failed moves are not retried
         self._failures: dict[str, int] = {}  # job id -> its failed moves in a row (the back-off grows with them)
+        self._over_limit: dict[str, str] = {}  # job id -> why no GPU limit lets it start (recorded once)
         self._scheduler: Any = None
         self.metrics = _make_metrics()
         self._metrics_server: Any = None
@@ -367,7 +373,20 @@ class Controller:
             )
         if out.held_back:
             log.info("not retrying failed moves yet for jobs %s", ", ".join(sorted(self._backoff)))
+        if out.limited:
+            log.debug("GPU limits: not placing %s this round (their account or QOS holds its GPUs)",
+                      ", ".join(out.limited))
+        self._note_over_limit(out.over_limit, now)
         return out.plan
+
+    def _note_over_limit(self, over: Mapping[str, str], now: float) -> None:
+        """Tell once (log and `gpu-limit` event: `gandiva squeue`'s REASON) of each job that a GPU limit
+        keeps waiting for good, and again if the reason changes."""
+        for jid, why in over.items():
+            if self._over_limit.get(jid) != why:
+                log.warning("job %s waits: %s (ask fewer GPUs, or another account or QOS)", jid, why)
+                self.store.record_event(LIMIT_EVENT, jid, why, now)
+        self._over_limit = dict(over)
 
     def _note_failures(self, results: tuple[ActResult, ...]) -> None:
         """Back off the jobs whose move failed (within the round, or a start that ran on after it and that
