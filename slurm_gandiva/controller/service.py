@@ -35,6 +35,7 @@ from slurm_gandiva.controller.arrays import array_members, array_places
 from slurm_gandiva.controller.observe import Observation, ProgressReader
 from slurm_gandiva.controller.observer import Observer
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
+from slurm_gandiva.controller.tenants import TENANTS_FILE, TenantRow, tenant_rows, write_tenants
 from slurm_gandiva.errors import ConfigError, GandivaError
 from slurm_gandiva.model import ClusterView, Placement, Topology
 from slurm_gandiva.plan import Action, Plan
@@ -341,17 +342,29 @@ class Controller:
 
     def _report(self, rep: TickReport) -> TickReport:
         self.last_report = rep
-        if self.metrics is not None:
-            try:
-                after = self._after(rep)
+        try:
+            after = self._after(rep)
+            rows = self._tenant_table(after) if after is not None else None
+            if self.metrics is not None:
                 if after is not None:
                     self.metrics.observe_view(after)
+                if rows is not None:
+                    self.metrics.observe_tenants(rows)
                 self.metrics.tick(max(0.0, self.clock() - rep.at))
                 if rep.error:
                     self.metrics.error("tick")
-            except Exception:
-                log.exception("metrics update failed")
+        except Exception:
+            log.exception("metrics update failed")
         return rep
+
+    def _tenant_table(self, view: ClusterView) -> list[TenantRow]:
+        """The round's per-tenant table (`tenant_rows`), written for `gandiva sshare`."""
+        rows = tenant_rows(view, self.policy)
+        try:
+            write_tenants(self.config.state_dir / TENANTS_FILE, rows, view.now)
+        except OSError as exc:
+            log.debug("cannot write the tenant table: %s", exc)
+        return rows
 
     def _round(self, obs: Observation) -> Plan:
         """The round's plan (`run_round`: the policy, then the rules of every round), what it kept back

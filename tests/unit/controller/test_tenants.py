@@ -112,3 +112,40 @@ def test_a_job_over_its_qos_limit_waits_with_a_reason_recorded_once_and_others_r
     cfg = parse_config(f"state_dir = {tmp_path}\npartitions = gpu\n")
     (row,) = [r for r in queue_rows(cfg, backend, store) if r.job_id == "1"]
     assert row.reason == "QOS small allows 1 GPU, the job asks 2"
+
+
+def test_gandiva_sshare_and_the_gauges_show_each_tenant_of_the_last_round(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from slurm_gandiva.controller.cli import cmd_sshare
+    from slurm_gandiva.controller.service import make_configured_policy
+
+    clock = [1000.0]
+    jobs = [replace(sjob(str(i), submit=float(i), user="pat"), account="physics") for i in range(6)]
+    jobs += [replace(sjob(str(10 + i), submit=float(i), user="ann"), account="bio") for i in range(6)]
+    backend = FakeBackend(jobs, clock=lambda: clock[0])
+    backend.accounting = PHYSICS
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    conf = tmp_path / "g.conf"
+    conf.write_text(f"state_dir = {tmp_path}\ntick = 1\nquantum = 30\nfairness = shares\npolicy = default\n")
+    cfg = parse_config(conf.read_text())
+    ctl = Controller(cfg, backend, store, lambda: clock[0], policy=make_configured_policy(cfg),
+                     protocol=FakeProtocol(backend), topology=Topology.uniform(2, 3),
+                     progress_reader=lambda _p, _u: None)
+    for _ in range(3):
+        ctl.tick()
+        clock[0] += 5
+    assert cmd_sshare(argparse.Namespace(config=str(conf), json=True)) == 0
+    import json
+
+    rows = {(r["account"], r["user"]): r for r in json.loads(capsys.readouterr().out)["tenants"]}
+    assert rows[("physics", "pat")]["entitled"] == 4 and rows[("bio", "ann")]["entitled"] == 2
+    assert rows[("physics", "pat")]["held"] == 4 and rows[("bio", "ann")]["held"] == 2
+    assert rows[("physics", "pat")]["waiting"] == 2 and rows[("physics", "pat")]["share"] == 2.0
+    text = ctl.metrics.exposition().decode()
+    assert 'gandiva_tenant_entitled_gpus{account="physics",user="pat"} 4.0' in text
+    assert 'gandiva_tenant_held_gpus{account="bio",user="ann"} 2.0' in text
+    (tmp_path / "tenants.json").unlink()
+    assert cmd_sshare(argparse.Namespace(config=str(conf), json=False)) == 3
+    assert "is the controller running" in capsys.readouterr().err
