@@ -158,7 +158,7 @@ class Observer:
                 progress.pop(jid, None)
         self._note_claims(verdict, now)
         view = with_array_groups(view, managed)  # the %MAX throttles, for the policy
-        tenants = self.tenants.current(config.fairness)
+        tenants = self.tenants.current(config.fairness, config.accounting_refresh)
         if tenants is not None:
             view = replace(view, tenants=tenants)
         for memo in (self._job_memo, self._progress_memo, self._group_specs, self._inputs_memo):

@@ -3,12 +3,12 @@
     cache = TenantsCache(backend, store, clock)
     view = replace(view, tenants=cache.current(fairness="shares"))
 
-`backend.tenants()` (two sacctmgr listings) is read again every `TENANTS_REFRESH_S`. When slurmdbd does not
-answer, the controller goes on with the last tenants it read (none yet: equal shares, no limits): the
-round never fails for it. It says so once (a warning and an `accounting` event) and once again when it
-reads them again. A cluster whose accounting never answered and whose controller does not ask for shares
-(`fairness = none`: limits only) is taken as one without accounting: asked every `ACCOUNTING_OFF_RETRY_S`,
-noted once at info, without events.
+`backend.tenants()` (two sacctmgr listings) is read again every `accounting_refresh` seconds (config;
+default `TENANTS_REFRESH_S`). When slurmdbd does not answer, the controller goes on with the last tenants
+it read (none yet: equal shares, no limits): the round never fails for it. It says so once (a warning and
+an `accounting` event) and once again when it reads them again. A cluster whose accounting never answered
+and whose controller does not ask for shares (`fairness = none`: limits only) is taken as one without
+accounting: asked every `ACCOUNTING_OFF_RETRY_S`, noted once at info, without events.
 
 Each round's per-tenant table (`tenant_rows`: shares, entitled GPUs, held, waiting, decayed GPU-hours) is
 written to `<state_dir>/tenants.json` for `gandiva sshare`, and set as the per-tenant Prometheus gauges.
@@ -31,7 +31,7 @@ from slurm_gandiva.slurm.base import SlurmBackend
 
 log = logging.getLogger(__name__)
 
-TENANTS_REFRESH_S = 60.0  # how old the tenants may be: sacctmgr changes reach the rounds within this
+TENANTS_REFRESH_S = 60.0  # how old the tenants may be (config accounting_refresh): sacctmgr's changes apply in this
 ACCOUNTING_OFF_RETRY_S = 600.0  # a cluster without accounting is asked again this rarely
 ACCOUNTING_EVENT = "accounting"
 
@@ -50,8 +50,11 @@ class TenantsCache:
         self.problem = ""  # why the last read failed ("" when it did not)
         self._next = float("-inf")  # when to read again
 
-    def current(self, fairness: str = "none") -> Tenants | None:
-        """The tenants for this round: read again when due, else the cached ones."""
+    def current(self, fairness: str = "none", refresh: float | None = None) -> Tenants | None:
+        """The tenants for this round: read again when due, else the cached ones. `refresh`: the config's
+        `accounting_refresh` (None: the cache's own)."""
+        if refresh is not None:
+            self.refresh = refresh
         now = self.clock()
         if now < self._next:
             return self.tenants

@@ -149,3 +149,19 @@ def test_gandiva_sshare_and_the_gauges_show_each_tenant_of_the_last_round(
     (tmp_path / "tenants.json").unlink()
     assert cmd_sshare(argparse.Namespace(config=str(conf), json=False)) == 3
     assert "is the controller running" in capsys.readouterr().err
+
+
+def test_accounting_refresh_is_a_checked_config_key(tmp_path: Path) -> None:
+    from slurm_gandiva.errors import ConfigError
+
+    assert parse_config(f"state_dir = {tmp_path}\n").accounting_refresh == TENANTS_REFRESH_S
+    assert parse_config(f"state_dir = {tmp_path}\naccounting_refresh = 5\n").accounting_refresh == 5.0
+    with pytest.raises(ConfigError, match="accounting_refresh must be a positive number"):
+        parse_config(f"state_dir = {tmp_path}\naccounting_refresh = 0\n")
+    clock = [1000.0]
+    backend = FakeBackend([sjob("1")], clock=lambda: clock[0])
+    ctl, _ = _controller(tmp_path, backend, clock, "accounting_refresh = 5\n")
+    for _ in range(4):
+        ctl.tick()
+        clock[0] += 5
+    assert _reads(backend) == 4
