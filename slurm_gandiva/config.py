@@ -51,9 +51,11 @@ class ControllerConfig:
     max_nodes: int | None = None  # most nodes one job may span; None: as many as the cluster has
     max_registrations: int = 500  # new jobs registered per round, shared fairly between users
     # Tenants' fair shares (selector/fairshare.py): "none" or "shares"; the decay half-life of their usage.
-    # Checked here; the controller applies them with the shares it reads from slurmdbd (a later slice).
+    # The controller applies them with the shares it reads from slurmdbd, read again every accounting_refresh
+    # seconds (the GPU limits of associations and QOS apply whatever the fairness).
     fairness: str = "none"
     fairness_half_life: float = 7 * 86400.0
+    accounting_refresh: float = 60.0
     source: str = "<defaults>"
 
     @property
@@ -175,6 +177,10 @@ _KEYS: dict[str, tuple[Callable[[str], object], str, str]] = {
     "fairness_half_life": (
         _positive_seconds, "fairness_half_life",
         "fairness_half_life must be a positive number of seconds (Slurm's PriorityDecayHalfLife; 604800 = 7 days)",
+    ),
+    "accounting_refresh": (
+        _positive_seconds, "accounting_refresh",
+        "accounting_refresh must be a positive number of seconds (how often shares and GPU limits are read again)",
     ),
 }
 _ALIASES = {"database": "database_url", "db": "database_url", "topology": "topology_file"}

@@ -1,4 +1,4 @@
-"""`gandiva controller`, `gandiva squeue` and `gandiva cancel`."""
+"""`gandiva controller`, `gandiva squeue`, `gandiva sshare` and `gandiva cancel`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ def register(sub: Any) -> None:
     q.add_argument("-u", "--user", help="only this user's jobs")
     q.add_argument("--json", action="store_true", help="JSON output")
     q.set_defaults(func=cmd_squeue)
+
+    t = sub.add_parser("sshare", help="tenants (account, user): share, entitled GPUs, held, waiting, GPU-hours")
+    t.add_argument("--config", "-c", help="config file (default: $GANDIVA_CONF, /etc/gandiva/gandiva.conf)")
+    t.add_argument("--json", action="store_true", help="JSON output")
+    t.set_defaults(func=cmd_sshare)
 
     c = sub.add_parser("cancel", help="cancel your own managed job, a job array (ARRAY) or one of its tasks "
                        "(ARRAY_TASK); root may cancel any")
@@ -182,11 +187,11 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
 
 
 def _backoff_reason(store: Any, job_id: str, slices: Any) -> str:
-    """The controller's last back-off of a waiting job (why its start is not tried now), unless the job ran
-    since; "" when there is none."""
-    from slurm_gandiva.controller.service import BACKOFF_EVENT
+    """The controller's last back-off of a waiting job (why its start is not tried now), or the GPU limit
+    that keeps it waiting, unless the job ran since; "" when there is none."""
+    from slurm_gandiva.controller.service import BACKOFF_EVENT, LIMIT_EVENT
 
-    events = store.events(job_id=job_id, kinds=[BACKOFF_EVENT])
+    events = store.events(job_id=job_id, kinds=[BACKOFF_EVENT, LIMIT_EVENT])
     if not events:
         return ""
     last = max(events, key=lambda e: e.at)
@@ -244,6 +249,27 @@ def cmd_squeue(args: argparse.Namespace) -> int:
         print(json.dumps([r.as_json() for r in rows], indent=2))
     else:
         print(format_rows(rows))
+    return 0
+
+
+def cmd_sshare(args: argparse.Namespace) -> int:
+    """The controller's per-tenant table of its last round (`<state_dir>/tenants.json`)."""
+    from slurm_gandiva.config import load_config
+    from slurm_gandiva.controller.tenants import TENANTS_FILE, format_tenants, read_tenants_file
+
+    cfg = load_config(args.config)
+    path = cfg.state_dir / TENANTS_FILE
+    try:
+        at, rows = read_tenants_file(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"gandiva: no tenant table in {path} ({exc}): is the controller running with this config?",
+              file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps({"at": at, "tenants": [r.as_json() for r in rows]}, indent=2))
+    else:
+        print(f"as of {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}")
+        print(format_tenants(rows))
     return 0
 
 

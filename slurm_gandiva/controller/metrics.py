@@ -7,13 +7,17 @@ exposes the text format over HTTP.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from slurm_gandiva.model import ClusterView, JobState
 from slurm_gandiva.plan import Action
+
+if TYPE_CHECKING:
+    from slurm_gandiva.controller.tenants import TenantRow
 
 # Protocol steps range from a signal (ms) to a checkpoint of a big model (minutes).
 STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -76,6 +80,17 @@ class Metrics:
             "tick_seconds", "Duration of a controller tick", buckets=TICK_BUCKETS, namespace=ns, registry=reg
         )
         self.errors = Counter("errors", "Errors isolated by the controller loop", ["where"], namespace=ns, registry=reg)
+        who = ["account", "user"]
+        self.tenant = {
+            "share": Gauge("tenant_share", "A tenant's account share (Slurm's Fairshare)", who, namespace=ns,
+                           registry=reg),
+            "entitled": Gauge("tenant_entitled_gpus", "GPUs the fair-share layer entitles a tenant to now", who,
+                              namespace=ns, registry=reg),
+            "held": Gauge("tenant_held_gpus", "GPUs a tenant's running jobs hold", who, namespace=ns, registry=reg),
+            "waiting": Gauge("tenant_waiting_jobs", "A tenant's waiting jobs", who, namespace=ns, registry=reg),
+            "gpu_hours": Gauge("tenant_gpu_hours", "A tenant's GPU-hours received (decayed by the half-life)", who,
+                               namespace=ns, registry=reg),
+        }
 
     def observe_view(self, view: ClusterView) -> None:
         """Set the gauges from one observed cluster view."""
@@ -97,6 +112,19 @@ class Metrics:
         self.gpus.labels(use="busy").set(busy)
         self.gpus.labels(use="free").set(total - busy)
         self.gpu_utilisation.set(busy / total if total else 0.0)
+
+    def observe_tenants(self, rows: Iterable[TenantRow]) -> None:
+        """Set the per-tenant gauges from the round's tenant table (tenants no longer in it are dropped)."""
+        for g in self.tenant.values():
+            g.clear()
+        for r in rows:
+            who = {"account": r.account, "user": r.user}
+            self.tenant["share"].labels(**who).set(r.share)
+            if r.entitled is not None:
+                self.tenant["entitled"].labels(**who).set(r.entitled)
+            self.tenant["held"].labels(**who).set(r.held)
+            self.tenant["waiting"].labels(**who).set(r.waiting)
+            self.tenant["gpu_hours"].labels(**who).set(r.gpu_hours)
 
     def slice_started(self) -> None:
         self.slices_started.inc()

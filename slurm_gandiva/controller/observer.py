@@ -31,6 +31,7 @@ from slurm_gandiva.controller.observe import (
     build_view,
     foreign_gpus,
 )
+from slurm_gandiva.controller.tenants import TenantsCache
 from slurm_gandiva.errors import GandivaError, JobFileError
 from slurm_gandiva.model import ClusterView, Placement, Topology, Trial, TrialKind
 from slurm_gandiva.plan import Action, Plan, apply_decision
@@ -65,6 +66,7 @@ class Observer:
         self.read_progress: ProgressReader = read_progress or _read_progress
         self.file_problems: dict[str, str] = {}  # job id -> why its files were refused (last round)
         self.claims = ClaimJudge()
+        self.tenants = TenantsCache(backend, store, clock)  # Slurm's shares and GPU limits, cached
         self.claim_problems: Mapping[str, str] = {}  # job id -> why its claim of finishing is ignored (last round)
         self._trials: dict[str, Trial] = {}
         self._failed_trials: dict[str, frozenset[TrialKind]] = {}
@@ -157,6 +159,9 @@ class Observer:
                 progress.pop(jid, None)
         self._note_claims(verdict, now)
         view = with_array_groups(view, managed)  # the %MAX throttles, for the policy
+        tenants = self.tenants.current(config.fairness, config.accounting_refresh)
+        if tenants is not None:
+            view = replace(view, tenants=tenants)
         for memo in (self._job_memo, self._progress_memo, self._group_specs, self._inputs_memo):
             for jid in memo.keys() - records.keys():
                 del memo[jid]

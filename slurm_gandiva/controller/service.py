@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from slurm_gandiva.config import ControllerConfig, load_config
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult
@@ -35,6 +35,7 @@ from slurm_gandiva.controller.arrays import array_members, array_places
 from slurm_gandiva.controller.observe import Observation, ProgressReader
 from slurm_gandiva.controller.observer import Observer
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
+from slurm_gandiva.controller.tenants import TENANTS_FILE, TenantRow, tenant_rows, write_tenants
 from slurm_gandiva.errors import ConfigError, GandivaError
 from slurm_gandiva.model import ClusterView, Placement, Topology
 from slurm_gandiva.plan import Action, Plan
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 # protocol's start timeout; one cut short is finished by the next controller's recovery).
 STOP_STARTS_S = 30.0
 BACKOFF_EVENT = "backoff"  # a job's failed move, and how long it is not tried again (`gandiva squeue` REASON)
+LIMIT_EVENT = "gpu-limit"  # a job that asks more GPUs than a limit over it allows (`gandiva squeue` REASON)
 
 
 def make_configured_policy(cfg: ControllerConfig) -> Policy:
@@ -70,6 +72,10 @@ def make_configured_policy(cfg: ControllerConfig) -> Policy:
         raise ConfigError(f"{cfg.source}: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{cfg.source}: policy {cfg.policy!r} rejects its parameters ({exc}); fix [policy]") from None
+    if cfg.fairness == "shares":
+        from slurm_gandiva.selector.fairshare import FairShare
+
+        return cast(Policy, FairShare(policy, half_life=cfg.fairness_half_life))  # `name` is its inner's, read-only
     return policy
 
 
@@ -180,6 +186,7 @@ class Controller:
         self._collect_s = 0.0  # how long the last collection between rounds took
         self._backoff: dict[str, float] = {}  # job id -> until when its failed moves are not retried
         self._failures: dict[str, int] = {}  # job id -> its failed moves in a row (the back-off grows with them)
+        self._over_limit: dict[str, str] = {}  # job id -> why no GPU limit lets it start (recorded once)
         self._scheduler: Any = None
         self.metrics = _make_metrics()
         self._metrics_server: Any = None
@@ -335,17 +342,29 @@ class Controller:
 
     def _report(self, rep: TickReport) -> TickReport:
         self.last_report = rep
-        if self.metrics is not None:
-            try:
-                after = self._after(rep)
+        try:
+            after = self._after(rep)
+            rows = self._tenant_table(after) if after is not None else None
+            if self.metrics is not None:
                 if after is not None:
                     self.metrics.observe_view(after)
+                if rows is not None:
+                    self.metrics.observe_tenants(rows)
                 self.metrics.tick(max(0.0, self.clock() - rep.at))
                 if rep.error:
                     self.metrics.error("tick")
-            except Exception:
-                log.exception("metrics update failed")
+        except Exception:
+            log.exception("metrics update failed")
         return rep
+
+    def _tenant_table(self, view: ClusterView) -> list[TenantRow]:
+        """The round's per-tenant table (`tenant_rows`), written for `gandiva sshare`."""
+        rows = tenant_rows(view, self.policy)
+        try:
+            write_tenants(self.config.state_dir / TENANTS_FILE, rows, view.now)
+        except OSError as exc:
+            log.debug("cannot write the tenant table: %s", exc)
+        return rows
 
     def _round(self, obs: Observation) -> Plan:
         """The round's plan (`run_round`: the policy, then the rules of every round), what it kept back
@@ -367,7 +386,20 @@ class Controller:
             )
         if out.held_back:
             log.info("not retrying failed moves yet for jobs %s", ", ".join(sorted(self._backoff)))
+        if out.limited:
+            log.debug("GPU limits: not placing %s this round (their account or QOS holds its GPUs)",
+                      ", ".join(out.limited))
+        self._note_over_limit(out.over_limit, now)
         return out.plan
+
+    def _note_over_limit(self, over: Mapping[str, str], now: float) -> None:
+        """Tell once (log and `gpu-limit` event: `gandiva squeue`'s REASON) of each job that a GPU limit
+        keeps waiting for good, and again if the reason changes."""
+        for jid, why in over.items():
+            if self._over_limit.get(jid) != why:
+                log.warning("job %s waits: %s (ask fewer GPUs, or another account or QOS)", jid, why)
+                self.store.record_event(LIMIT_EVENT, jid, why, now)
+        self._over_limit = dict(over)
 
     def _note_failures(self, results: tuple[ActResult, ...]) -> None:
         """Back off the jobs whose move failed (within the round, or a start that ran on after it and that

@@ -83,10 +83,14 @@ class TenantUsage:
 
 def water_fill(total: int, demand: Mapping[str, int], weight: Mapping[str, float], order: list[str]) -> dict[str, int]:
     """`total` whole units split in proportion to `weight`, none above its `demand`; what one cannot use
-    goes to the others; the units left by rounding go one each in `order` (first: most entitled)."""
+    goes to the others; the units left by rounding go one each in `order` (first: most entitled). A weight
+    of 0 (Slurm's Fairshare=0) gets only what those with a weight cannot use, split equally among such."""
     out = {k: 0 for k in demand}
     left = total
-    open_ = [k for k in order if demand[k] > 0]
+    open_ = [k for k in order if demand[k] > 0 and weight[k] > 0]
+    if not open_:  # none with a weight wants any: the weightless split what there is equally
+        weight = {k: 1.0 for k in demand}
+        open_ = [k for k in order if demand[k] > 0]
     while left > 0 and open_:
         w = sum(weight[k] for k in open_)
         give = {k: min(demand[k] - out[k], math.floor(left * weight[k] / w)) for k in open_}
@@ -101,7 +105,28 @@ def water_fill(total: int, demand: Mapping[str, int], weight: Mapping[str, float
                 out[k] += g
                 left -= g
         open_ = [k for k in open_ if out[k] < demand[k]]
+    rest = {k: demand[k] - out[k] for k in demand if weight[k] <= 0 and demand[k] > out[k]}
+    if left > 0 and rest:
+        more = water_fill(left, rest, {k: 1.0 for k in rest}, [k for k in order if k in rest])
+        return {k: out[k] + more.get(k, 0) for k in out}
     return out
+
+
+def tenant_demand(view: ClusterView) -> Counter[Tenant]:
+    """The GPUs each tenant's active jobs could use: their `max_gpus`, but no more than the GPU limits over
+    them (`Tenants.limits`) allow, so that what a limited tenant cannot hold goes to the others."""
+    demand: Counter[Tenant] = Counter()
+    limits = view.tenants.limits if view.tenants is not None else ()
+    room: dict[tuple[int, tuple[str, ...]], int] = {}
+    for j in view.active:
+        want = j.spec.max_gpus
+        keys = [(i, sc) for i, lim in enumerate(limits) if (sc := lim.scope(j.spec)) is not None]
+        for k in keys:
+            want = min(want, room.setdefault(k, limits[k[0]].gpus))
+        for k in keys:
+            room[k] -= want
+        demand[tenant_of(j)] += want
+    return demand
 
 
 @dataclass
@@ -133,13 +158,11 @@ class FairShare:
 
     def caps(self, view: ClusterView) -> dict[Tenant, int]:
         """Each tenant with active jobs -> the GPUs it may hold this round."""
-        demand: Counter[Tenant] = Counter()
-        for j in view.active:
-            demand[tenant_of(j)] += j.spec.max_gpus
+        demand = tenant_demand(view)
         usage = self.state.usage
 
         def stride(key: tuple[float, float]) -> float:
-            return key[0] / key[1]
+            return key[0] / key[1] if key[1] > 0 else math.inf  # a share of 0 comes last
 
         accounts = sorted({a for a, _ in demand})
         acct_demand = {a: sum(d for (aa, _), d in demand.items() if aa == a) for a in accounts}
@@ -153,8 +176,8 @@ class FairShare:
         out: dict[Tenant, int] = {}
         for a in accounts:
             users = sorted(u for aa, u in demand if aa == a)
-            u_order = sorted(users, key=lambda u: (usage.get((a, u), 0.0), u))
             weight = {u: float(user_shares.get((a, u), 1.0)) for u in users}
+            u_order = sorted(users, key=lambda u: (weight[u] <= 0, usage.get((a, u), 0.0), u))
             got = water_fill(per_acct[a], {u: demand[(a, u)] for u in users}, weight, u_order)
             out.update({(a, u): g for u, g in got.items()})
         return out

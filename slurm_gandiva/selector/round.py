@@ -21,6 +21,12 @@ dropped is in the outcome for the caller to log. The rules, in this order:
    that holds no GPUs is not even shown to the policy meanwhile (`hide_backed_off`), so its GPUs go to
    others rather than being kept for a start that is then dropped. The back-off grows with the job's
    failures in a row (`backoff_delay`: doubling, capped).
+4. GPU limits (`limit_gpus`): no start, resume or growth that would make the jobs of one `GpuLimit` scope
+   (an association's or QOS's `GrpTRES=gres/gpu=N`, or per user its `MaxTRESPerUser`; `ClusterView.tenants`)
+   hold more than its GPUs, counted as group caps are (the view's running jobs; the plan's suspends and
+   shrinks free first; the least served take first). A waiting job that asks more than a limit over it
+   allows can never start: it is not shown to the policy (its GPUs go to others) and the outcome names it
+   with why (`over_limit`), for the caller to tell its user.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from slurm_gandiva.model import ClusterView, GpuRef, JobState
+from slurm_gandiva.model import ClusterView, GpuLimit, GpuRef, Job, JobState
 from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.selector.base import Policy
 
@@ -89,18 +95,22 @@ class RoundOutcome:
     throttled: tuple[str, ...] = ()  # jobs not placed: their group runs its cap
     held_back: tuple[str, ...] = ()  # jobs whose moves wait for their back-off
     overdue: tuple[str, ...] = ()  # jobs claiming to finish past their bound (`spared_until`): not spared
+    limited: tuple[str, ...] = ()  # jobs not placed: a GPU limit over them is reached
+    over_limit: Mapping[str, str] = field(default_factory=dict)  # job id -> why no limit lets it ever start
 
 
 def run_round(policy: Policy, view: ClusterView, inputs: RoundInputs | None = None) -> RoundOutcome:
     """`policy.decide(view, view.now)` with the round's rules applied (see the module docstring)."""
     inputs = inputs or RoundInputs()
-    decided = policy.decide(hide_backed_off(view, inputs.backoff), view.now)
+    shown, over_limit = hide_over_limit(hide_backed_off(view, inputs.backoff))
+    decided = policy.decide(shown, view.now)
     standing, overdue = standing_claims(inputs.finishing, inputs.quantum, view.now)
     plan, spared = spare_finishing(decided, view, standing)
     members = inputs.members if inputs.members is not None else group_members(view)
     plan, throttled = throttle_groups(plan, view, members)
     plan, held = without_backoff(plan, inputs.backoff, view.now)
-    return RoundOutcome(plan, decided, spared, throttled, held, overdue)
+    plan, limited = limit_gpus(plan, view)
+    return RoundOutcome(plan, decided, spared, throttled, held, overdue, limited, over_limit)
 
 
 def standing_claims(claims: Mapping[str, Claim], quantum: float, now: float) -> tuple[frozenset[str], tuple[str, ...]]:
@@ -200,3 +210,83 @@ def hide_backed_off(view: ClusterView, backoff: Mapping[str, float]) -> ClusterV
         return view
     jobs = tuple(j for j in view.jobs if not (j.job_id in waiting and j.placement is None))
     return view if len(jobs) == len(view.jobs) else replace(view, jobs=jobs)
+
+
+def _limits(view: ClusterView) -> tuple[GpuLimit, ...]:
+    return view.tenants.limits if view.tenants is not None else ()
+
+
+def limit_refusal(limit: GpuLimit, job: Job) -> str:
+    """Why `job` can never start under `limit` (it covers the job and allows fewer GPUs than its minimum);
+    "" when it can."""
+    if limit.scope(job.spec) is None or job.spec.min_gpus <= limit.gpus:
+        return ""
+    if limit.qos:
+        who = f"QOS {limit.qos}"
+    elif limit.user:
+        who = f"the association of user {limit.user} in account {limit.account}"
+    else:
+        who = f"account {limit.account}"
+    each = " per user" if limit.per_user else ""
+    unit = "GPU" if limit.gpus == 1 else "GPUs"
+    return f"{who} allows {limit.gpus} {unit}{each}, the job asks {job.spec.min_gpus}"
+
+
+def hide_over_limit(view: ClusterView) -> tuple[ClusterView, dict[str, str]]:
+    """`view` without the waiting jobs that no GPU limit over them would ever let start; and those jobs,
+    each with why (`limit_refusal`)."""
+    limits = _limits(view)
+    if not limits:
+        return view, {}
+    why: dict[str, str] = {}
+    for j in view.jobs:
+        if j.state.waiting and j.placement is None:
+            for lim in limits:
+                if reason := limit_refusal(lim, j):
+                    why[j.job_id] = reason
+                    break
+    if not why:
+        return view, {}
+    return replace(view, jobs=tuple(j for j in view.jobs if j.job_id not in why)), why
+
+
+def limit_gpus(plan: Plan, view: ClusterView) -> tuple[Plan, tuple[str, ...]]:
+    """`plan` without the starts, resumes and growths that would make a GPU limit's scope hold more GPUs
+    than it allows; and the jobs dropped. The view's running jobs count; the plan's suspends and shrinks
+    free first; then the least-served jobs (then the longest waiting) take what is left."""
+    limits = _limits(view)
+    if not limits or not plan:
+        return plan, ()
+    held: Counter[tuple[int, tuple[str, ...]]] = Counter()
+
+    def scopes(job: Job) -> list[tuple[int, tuple[str, ...]]]:
+        return [(i, s) for i, lim in enumerate(limits) if (s := lim.scope(job.spec)) is not None]
+
+    for j in view.running:
+        for key in scopes(j):
+            held[key] += j.gpus
+    order = {j.job_id: i for i, j in enumerate(view.jobs)}
+    wants: list[tuple[Job, int]] = []
+    for d in plan.decisions:
+        if d.job_id not in order:
+            continue
+        j = view.job(d.job_id)
+        new = 0 if d.action is Action.SUSPEND or d.placement is None else d.placement.count
+        delta = new - (j.gpus if j.state is JobState.RUNNING else 0)
+        if delta < 0:
+            for key in scopes(j):
+                held[key] += delta
+        elif delta > 0:
+            wants.append((j, delta))
+    wants.sort(key=lambda w: (w[0].attained_service, order[w[0].job_id]))
+    dropped: set[str] = set()
+    for j, n in wants:
+        keys = scopes(j)
+        if all(held[k] + n <= limits[k[0]].gpus for k in keys):
+            for k in keys:
+                held[k] += n
+        else:
+            dropped.add(j.job_id)
+    if not dropped:
+        return plan, ()
+    return Plan(tuple(d for d in plan.decisions if d.job_id not in dropped)), tuple(sorted(dropped))
