@@ -160,3 +160,22 @@ def test_refused_requests_and_an_unpark_when_running_leave_the_job_training(tmp_
     assert all(p.state != "parked" for p in [read_progress(run.files.progress)] if p)
     m = HASH_RE.search(run.output())
     assert m and m.group(1) == ref
+
+
+@needs_root
+def test_two_ranks_park_at_the_same_step_and_end_bit_identical(tmp_path: Path) -> None:
+    ref, _ = finish_hash(tmp_path / "ref", nprocs=2)
+    run = start(tmp_path / "park", nprocs=2)
+    step = run.wait_step(5)
+    request(run, "park", 1)
+    parked = wait_progress(run, "parked", 1)
+    ev = run.wait_event("parked")
+    assert ev["step"] == parked.step >= step and parked.parked_bytes is not None and parked.parked_bytes > 0
+    time.sleep(0.5)
+    prog = read_progress(run.files.progress)
+    assert prog is not None and prog.step == parked.step  # neither rank trains on alone
+    request(run, "unpark", 2)
+    wait_progress(run, "running", 2)
+    assert run.finish() == ExitCode.DONE, run.output()
+    m = HASH_RE.search(run.output())
+    assert m and m.group(1) == ref
