@@ -31,22 +31,29 @@ class StopAgreement:
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
             return None
-        return cls(dist.new_group(backend="gloo"), torch.zeros(1, dtype=torch.int32))
+        return cls(dist.new_group(backend="gloo"), torch.zeros(2, dtype=torch.int64))
 
     def agree(self, stop: bool) -> bool:
         """Whether the ranks stop at this boundary; every rank gets the same answer (the previous boundary's
         MAX of `stop`). A collective: every rank calls it at every boundary."""
+        return self.decide(stop, 0)[0]
+
+    def decide(self, stop: bool, park_seq: int) -> tuple[bool, int]:
+        """`agree` carrying a park request too: (stop, park seq) as the previous boundary's MAX over the ranks
+        of (`stop`, `park_seq`); park seq 0 when no rank asked. A collective, at every boundary."""
         import torch.distributed as dist
 
         buf = self._buf
         if self._work is not None:
             self._work.wait()
             self._work = None
-            if buf.item():
-                return True
-        buf.fill_(int(stop))
+            stop_all, seq_all = int(buf[0]), int(buf[1])
+            if stop_all or seq_all:
+                buf.zero_()  # a decision is acted on once; the next boundary starts a fresh round
+                return bool(stop_all), seq_all
+        buf[0], buf[1] = int(stop), park_seq
         self._work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        return False
+        return False, 0
 
     def barrier(self) -> None:
         """Wait for every rank."""

@@ -34,8 +34,10 @@ from job_wrapper import checkpoint as ckpt
 from job_wrapper.agree import StopAgreement
 from job_wrapper.launcher import FAST_EXIT_ENV
 from job_wrapper.order import epoch_order, shard
+from job_wrapper.park import ParkControl
 from job_wrapper.progress import Counters, ProgressReporter, append_event
 from slurm_gandiva.requeue.contract import (
+    PARK_SIGNAL,
     PROGRESS_INTERVAL_ENV,
     SIGNAL_ENV,
     STATE_DIR_ENV,
@@ -242,6 +244,7 @@ class Session:
         clock: Callable[[], float] = time.monotonic,
         install_signal_handler: bool = True,
         fast_exit: bool | None = None,
+        park_request_owner: int = 0,
     ) -> None:
         self.rank, self.world_size = rank_and_world_size()
         self.files = job_files(state_dir or os.environ.get(STATE_DIR_ENV) or _local_state_dir())
@@ -286,6 +289,9 @@ class Session:
         self._closed = False
         self._fast_exit = os.environ.get(FAST_EXIT_ENV) == "1" if fast_exit is None else fast_exit
         self.signal = signal_from_name(os.environ.get(SIGNAL_ENV))
+        # Park/unpark on the controller's request (contract: park-request.json owned by `park_request_owner`,
+        # root; the park signal wakes us). The owner is an argument, never the environment.
+        self._parking = ParkControl(self.files, self.rank, owner=park_request_owner)
         if install_signal_handler:
             self.install_signal_handler()
         if self.world_size > 1:
@@ -309,7 +315,8 @@ class Session:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("create the Session in the main thread: only it can receive signals")
         signal.signal(self.signal, self._on_signal)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.signal})
+        signal.signal(PARK_SIGNAL, self._parking.on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.signal, PARK_SIGNAL})
         # A loop that never reaches the end of batches() still stops listening before interpreter teardown.
         atexit.register(self._stop_listening)
 
@@ -321,8 +328,12 @@ class Session:
         ignored signal survives that (Python leaves SIG_IGN alone).
         """
         atexit.unregister(self._stop_listening)
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(self.signal) == self._on_signal:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(self.signal) == self._on_signal:
             signal.signal(self.signal, signal.SIG_IGN)
+        if signal.getsignal(PARK_SIGNAL) == self._parking.on_signal:
+            signal.signal(PARK_SIGNAL, signal.SIG_DFL)  # ignored by default
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signalled = True
@@ -525,6 +536,10 @@ class Session:
             self._agreed_boundary()
         elif self._signalled:
             self._suspend()
+        elif self._parking.signalled:
+            seq = self._parking.wanted(self.global_step)
+            if seq:
+                self._park(seq)
 
     def _roll(self) -> None:
         if self.position >= self._epoch_len:
@@ -559,7 +574,33 @@ class Session:
         """Every rank at every boundary: suspend here when the ranks agree to (`StopAgreement`), so all stop
         at the same step wherever and whenever the signal reached each of them."""
         assert self._agreement is not None
-        if self._agreement.agree(self._signalled):
+        stop, park_seq = self._agreement.decide(self._signalled, self._parking.wanted(self.global_step))
+        if stop:
+            if self.rank == 0:
+                append_event(self.files.events, "stop_requested", step=self.global_step)
+            self._suspend()
+        elif park_seq > self._parking.handled:
+            self._park(park_seq)
+
+    def _park(self, seq: int) -> None:
+        """Park here (every rank at the same boundary): see job_wrapper.park and the contract. Returns once
+        unparked; a suspend signal while parked checkpoints from host memory and exits."""
+        agreement = self._agreement
+
+        def total_bytes(mine: int) -> int:
+            return mine if agreement is None else sum(agreement.gather(mine))
+
+        def on_parked(nbytes: int, seq: int) -> None:
+            if self._progress is not None:
+                self._progress.park(nbytes, seq)
+
+        def on_unparked(seq: int) -> None:
+            if self._progress is not None:
+                self._progress.unpark(seq)
+
+        if not self._parking.park(seq, self.global_step, self._objects.values(), total_bytes=total_bytes,
+                                  on_parked=on_parked, on_unparked=on_unparked,
+                                  suspend_requested=lambda: self._signalled):
             if self.rank == 0:
                 append_event(self.files.events, "stop_requested", step=self.global_step)
             self._suspend()

@@ -22,6 +22,7 @@ from types import FrameType
 
 from job_wrapper.progress import append_event
 from slurm_gandiva.requeue.contract import (
+    PARK_SIGNAL,
     PROGRESS_INTERVAL_ENV,
     SIGNAL_ENV,
     STATE_DIR_ENV,
@@ -310,10 +311,19 @@ def run(
                     child.send_signal(signum)
         append_event(files.events, "terminate", signal=name)
 
-    # Children start with the suspend signal blocked (the mask survives exec) and unblock it once their
-    # handler is installed, so a signal that comes while they import torch is held, not fatal.
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {config.signal})
+    def on_park(signum: int, frame: FrameType | None) -> None:
+        # Only a wake-up: each rank reads and checks the controller's park-request.json itself.
+        live = [c for c in st.children if c.poll() is None]
+        for child in live:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(PARK_SIGNAL)
+        append_event(files.events, "park_signal", forwarded_to=[c.pid for c in live])
+
+    # Children start with the suspend and park signals blocked (the mask survives exec) and unblock them once
+    # their handlers are installed, so a signal that comes while they import torch is held, not fatal or lost.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {config.signal, PARK_SIGNAL})
     signal.signal(config.signal, on_suspend)
+    signal.signal(PARK_SIGNAL, on_park)
     for sig in _TERMINATING:
         signal.signal(sig, on_terminate)
     try:

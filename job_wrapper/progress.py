@@ -86,6 +86,9 @@ class ProgressReporter:
         self._batch_time = 0.0
         self._rate = 0.0
         self._started = wall_clock()  # made after the restore: this incarnation's training starts now
+        self._state = "running"
+        self._parked_bytes: int | None = None
+        self._request_seq: int | None = None
 
     def start(self) -> None:
         self.report()
@@ -96,7 +99,23 @@ class ProgressReporter:
         while not self._stop.wait(self._interval):
             # A full or flaky filesystem must not kill training; the next report retries.
             with contextlib.suppress(OSError):
-                self.report()
+                self.report(self._state)
+
+    def park(self, parked_bytes: int, request_seq: int) -> Progress:
+        """Report "parked" and stop the reports (a parked process uses no CPU) until `unpark`."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self._state, self._parked_bytes, self._request_seq = "parked", parked_bytes, request_seq
+        return self.report(self._state)
+
+    def unpark(self, request_seq: int) -> None:
+        """Report "running" again and resume the reports; the parked time is not counted as batch time."""
+        with self._lock:
+            self._state, self._parked_bytes, self._request_seq = "running", None, request_seq
+            self._last = None
+        self._stop = threading.Event()
+        self.start()
 
     def report(self, state: str = "running") -> Progress:
         """Measure since the last report and replace progress.json."""
@@ -128,6 +147,8 @@ class ProgressReporter:
                 updated=self._wall(),
                 state=state,
                 started=self._started,
+                parked_bytes=self._parked_bytes if state == "parked" else None,
+                request_seq=self._request_seq,
             )
             write_progress(self.path, prog)
             return prog

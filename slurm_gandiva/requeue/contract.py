@@ -2,6 +2,29 @@
 
 The job wrapper imports this module and nothing else of slurm_gandiva, so it must stay stdlib-only. It
 holds the house's one atomic-write rule too (`write_atomic`), which the wrapper and the rest share.
+
+Park and unpark (the in-place switch, issue 31): the controller, as root, asks a running job to park (stop at
+the next mini-batch boundary, move its device state to host memory and wait, using no CPU) or to unpark
+(move it back and go on), in two steps:
+
+1. `write_park_request(files.park_request, "park"|"unpark", seq, job_id)`: `park-request.json` in the job's
+   state directory, written atomically by root, mode 0644. `seq` must grow with every request to the job (a
+   request whose seq the job has already handled is ignored, so re-sending is harmless).
+2. Signal the job's batch shell (the wrapper) with PARK_SIGNAL (SIGURG), e.g. `scancel --batch -s URG JOB`;
+   the wrapper forwards it to its training processes, which read the request at their next boundary (or,
+   parked, at once). The signal only wakes them: the file says what to do.
+
+Each rank accepts the file only through `read_park_request`: a regular file (not a link), owned by root and
+writable by no one else, of this job (`job_id` = $SLURM_JOB_ID inside Slurm). Anything else is refused (an
+event `park_refused` with the reason) and the job trains on. Why SIGURG and not the suspend signal: its
+default action is to be ignored, so a process that does not listen (a script without a Session, a rank still
+importing torch, a DataLoader worker) is never killed by a park request, and the suspend signal's meaning
+(stop, checkpoint, requeue) stays as it was; Slurm, NCCL, the wrapper and Python use SIGURG for nothing.
+
+The job reports in progress.json (`Progress`): `state` "parked" with `parked_bytes` (bytes of model, gradient,
+optimizer and buffer state the ranks now hold in host memory, summed over the ranks) and `request_seq` (the
+seq of the last request handled), then "running" again after the unpark with the same `request_seq`. A
+suspend signal while parked checkpoints from host memory and exits as a suspend does.
 """
 
 from __future__ import annotations
@@ -16,6 +39,7 @@ import shutil
 import signal
 import stat
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +47,10 @@ from pathlib import Path
 # The controller's "please stop at the next mini-batch boundary" signal. Not SIGUSR1: NCCL claims it.
 DEFAULT_SIGNAL = signal.SIGUSR2
 SIGNAL_ENV = "GANDIVA_SIGNAL"  # name of the signal, e.g. "USR2"; the wrapper reads it
+
+# The controller's "read your park request" signal (see the module docstring): ignored by default, so harmless.
+PARK_SIGNAL = signal.SIGURG
+PARK_ACTIONS = ("park", "unpark")
 
 # Environment the job script gives the wrapper.
 STATE_DIR_ENV = "GANDIVA_STATE_DIR"  # per-job directory on the shared filesystem
@@ -68,6 +96,11 @@ class JobFiles:
         return self.root / "status.json"
 
     @property
+    def park_request(self) -> Path:
+        """Written by the controller (root) only: {"action": "park"|"unpark", "seq": N, "job_id": ...}."""
+        return self.root / "park-request.json"
+
+    @property
     def events(self) -> Path:
         """Append-only JSON lines the wrapper writes (signal received, checkpoint written, exit)."""
         return self.root / "events.jsonl"
@@ -104,6 +137,7 @@ REFUSED_SIGNALS: dict[signal.Signals, str] = {
     signal.SIGHUP: "the wrapper ends the job on it",
     signal.SIGCONT: "Slurm resumes suspended jobs with it",
     signal.SIGCHLD: "the wrapper's processes report their exit with it",
+    signal.SIGURG: "the controller parks and unparks jobs with it",
     **{s: "it reports a fault" for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
                                           signal.SIGTRAP, signal.SIGABRT, signal.SIGSYS)},
 }
@@ -143,8 +177,10 @@ class Progress:
     samples_per_s: float  # moving average (0.0 until measured)
     world_size: int  # training processes
     updated: float  # unix time of this report
-    state: str = "running"  # "running", "suspended", "done"
+    state: str = "running"  # "running", "parked", "suspended", "done"
     started: float | None = None  # unix time this incarnation began training (after its restore)
+    parked_bytes: int | None = None  # parked: state bytes the ranks hold in host memory (all ranks)
+    request_seq: int | None = None  # seq of the last park/unpark request the job handled
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -157,6 +193,7 @@ class Progress:
         try:
             total = data.get("total_samples")
             started = data.get("started")
+            parked, seq = data.get("parked_bytes"), data.get("request_seq")
             prog = cls(
                 step=int(data["step"]),
                 epoch=int(data["epoch"]),
@@ -168,6 +205,8 @@ class Progress:
                 updated=float(data["updated"]),
                 state=str(data.get("state", "running")),
                 started=None if started is None else float(started),
+                parked_bytes=None if parked is None else int(parked),
+                request_seq=None if seq is None else int(seq),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed progress: {exc}") from None
@@ -367,3 +406,70 @@ def read_progress(path: str | os.PathLike[str]) -> Progress | None:
         return Progress.from_mapping(json.loads(text))
     except ValueError:  # json.JSONDecodeError is a ValueError
         return None
+
+
+@dataclass(frozen=True)
+class ParkRequest:
+    """The controller's park or unpark request (park-request.json)."""
+
+    action: str  # "park" or "unpark"
+    seq: int  # grows with every request to the job
+    job_id: str | None  # the Slurm job it is for (None outside Slurm)
+    time: float = 0.0  # when the controller wrote it
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+class ParkRequestError(Exception):
+    """A park request file refused (one line: why)."""
+
+
+def write_park_request(path: str | os.PathLike[str], action: str, seq: int, job_id: str | None,
+                       *, now: float | None = None) -> ParkRequest:
+    """The controller's side (as root): replace the job's park-request.json (mode 0644: the job reads it,
+    only its owner may change it); then signal the job with PARK_SIGNAL."""
+    if action not in PARK_ACTIONS:
+        raise ValueError(f"park request action {action!r}: use one of {', '.join(PARK_ACTIONS)}")
+    req = ParkRequest(action, int(seq), job_id, time.time() if now is None else now)
+    write_atomic(path, req.to_json() + "\n", mode=0o644)
+    return req
+
+
+def read_park_request(path: str | os.PathLike[str], *, owner: int = 0, job_id: str | None = None) -> ParkRequest | None:
+    """The job's side: the park request in `path`, None when there is none. Refused (ParkRequestError, one
+    line) unless it is a regular file, not a link, owned by `owner` (root: only the controller can park a job),
+    writable by no one else, well-formed, and for `job_id` when one is given. Never blocks."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ParkRequestError(f"cannot open {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 16:
+            raise ParkRequestError(f"{path} is not a small regular file")
+        if st.st_uid != owner:
+            raise ParkRequestError(f"{path} belongs to {_owner_name(st.st_uid)}, not {_owner_name(owner)}")
+        if st.st_mode & 0o022:
+            raise ParkRequestError(f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+        text = os.read(fd, 1 << 16).decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParkRequestError(f"cannot read {path}: {exc}") from None
+    finally:
+        os.close(fd)
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        raw_job = data.get("job_id")
+        req = ParkRequest(str(data["action"]), int(data["seq"]), None if raw_job is None else str(raw_job),
+                          float(data.get("time", 0.0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ParkRequestError(f"{path} is malformed: {exc}") from None
+    if req.action not in PARK_ACTIONS:
+        raise ParkRequestError(f"{path} asks for {req.action!r}, not park or unpark")
+    if job_id is not None and req.job_id != job_id:
+        raise ParkRequestError(f"{path} is for job {req.job_id}, not {job_id}")
+    return req
