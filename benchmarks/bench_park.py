@@ -32,7 +32,9 @@ from job_wrapper.progress import read_events
 from slurm_gandiva.requeue.contract import PARK_SIGNAL, JobFiles, read_progress, write_park_request
 
 ROOT = Path(__file__).resolve().parents[1]
-WRAPPER = Path(sys.executable).with_name("gandiva-wrapper")
+# The installed gandiva-wrapper beside this interpreter, else the module (a GPU host's own Python, PYTHONPATH=.).
+_SCRIPT = Path(sys.executable).with_name("gandiva-wrapper")
+WRAPPER = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "job_wrapper.cli"]
 TRAIN = ROOT / "examples" / "train.py"
 # name -> (dim, hidden); state = parameters, gradients and SGD momentum: ~12 bytes per parameter.
 SIZES = {"small": (16, 64), "large": (512, 8192), "gpu1g": (4096, 24576)}
@@ -60,7 +62,7 @@ def measure(size: str, switches: int, device: str) -> dict[str, Any]:
         state = Path(tmp) / "state"
         files = JobFiles(state)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GANDIVA_"))}
-        argv = [str(WRAPPER), "--state-dir", str(state), "--nprocs", "1", "--progress-interval", "0.01", "--",
+        argv = [*WRAPPER, "--state-dir", str(state), "--nprocs", "1", "--progress-interval", "0.01", "--",
                 sys.executable, str(TRAIN), "--epochs", "100000", "--samples", "256", "--batch-size", "16",
                 "--dim", str(dim), "--hidden", str(hidden), "--device", device, "--sleep-per-step", "0.02"]
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

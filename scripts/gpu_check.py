@@ -10,8 +10,10 @@
 4. gandiva-wrapper running examples/train.py on the GPU: an uninterrupted run, and one suspended twice (SIGUSR2
    at a mini-batch boundary, checkpoint, exit 75, resumed from the checkpoint), must end with the same
    parameter hash; the run must say it trained on cuda;
-5. (informational) two ranks on one GPU through gloo: CUDA tensors in ordered_allreduce's all-gather.
-Exit status 0 when checks 1-4 pass. No Slurm is needed: the wrapper runs outside a job, as in
+5. (informational) two ranks on one GPU through gloo: CUDA tensors in ordered_allreduce's all-gather;
+6. park / unpark in place (issue 31) with >= 1 GB of device state: benchmarks/bench_park.py --device cuda:
+   the switch's medians, and the parked process's GPU memory released (reserved <= 10% of what it moved).
+Exit status 0 when checks 1-4 and 6 pass. No Slurm is needed: the wrapper runs outside a job, as in
 tests/unit/wrapper/test_wrapper_process.py.
 """
 
@@ -189,6 +191,30 @@ def wrapper_on_gpu(work: Path, nprocs: int = 1, env: dict[str, str] | None = Non
             f"resumed: final hash {m.group(1)[:16]}... equals the uninterrupted run")
 
 
+def park_on_gpu(work: Path) -> str:
+    device, size = ("cpu", "small") if DRY_RUN else ("cuda", "gpu1g")
+    out = work / "park.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_park.py"), "--device", device, "--sizes", size,
+         "--switches", "3", "--json", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    if proc.returncode != 0 or not out.exists():
+        raise AssertionError(f"bench_park exited {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}")
+    r = json.loads(out.read_text())[size]
+    moved, reserved = float(r["device_bytes"]), float(r.get("device_reserved_parked", 0.0))
+    if not DRY_RUN:
+        if moved < 1e9:
+            raise AssertionError(f"only {moved / 1e9:.2f} GB of device state moved: the check needs >= 1 GB")
+        if reserved > 0.1 * moved:
+            raise AssertionError(f"{reserved / 1e9:.2f} GB still reserved while parked of {moved / 1e9:.2f} GB moved")
+    return (f"{size} on {device}: {moved / 1e9:.2f} GB of device state moved, {reserved / 1e6:.1f} MB still "
+            f"reserved while parked; medians of 3: park {r['park_s']:.3f} s, unpark -> running "
+            f"{r['unpark_running_s']:.3f} s, switch (park + unpark -> next step) {r['switch_s']:.3f} s; "
+            f"parked CPU {r['parked_cpu_s_per_2s']:.3f} s in 2 s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="write the report here too (gpu_check.txt)")
@@ -205,6 +231,7 @@ def main() -> int:
     info: dict[str, bool] = {}
     check("5 (informational) 2 ranks on one GPU through gloo",
           lambda: wrapper_on_gpu(work, 2, {"GANDIVA_DIST_BACKEND": "gloo"}), info)
+    check("6 park / unpark in place with >= 1 GB of device state", lambda: park_on_gpu(work), results)
     required = all(results.values())
     say(f"gpu_check: {'all required checks passed' if required else 'FAILED'} "
         f"({sum(results.values())}/{len(results)} required, {sum(info.values())}/{len(info)} informational)")
