@@ -26,12 +26,18 @@ class StopAgreement:
     def connect(cls) -> StopAgreement | None:
         """The agreement of the ranks of torch.distributed's default group; None for a single process (or
         when torch.distributed is not initialised). A collective: it creates a process group."""
-        import torch
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
             return None
-        return cls(dist.new_group(backend="gloo"), torch.zeros(2, dtype=torch.int64))
+        return cls.on(dist.new_group(backend="gloo"))
+
+    @classmethod
+    def on(cls, group: Any) -> StopAgreement:
+        """The agreement over `group` (a gloo group of the ranks), with its buffer: (stop, park seq)."""
+        import torch
+
+        return cls(group, torch.zeros(2, dtype=torch.int64))
 
     def agree(self, stop: bool) -> bool:
         """Whether the ranks stop at this boundary; every rank gets the same answer (the previous boundary's

@@ -119,7 +119,7 @@ def nccl_in_process() -> str:
         same = all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), wrapped.state_dict().values(),
                                                        strict=True))
         assert same, "DDP with ordered_allreduce over NCCL differs from the single-process model"
-        agreement = StopAgreement(dist.new_group(backend="gloo"), torch.zeros(1, dtype=torch.int32))
+        agreement = StopAgreement.on(dist.new_group(backend="gloo"))
         answers = [agreement.agree(s) for s in (False, True, False)]
         agreement.close()
         assert answers == [False, False, True], answers
