@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState
+from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.selector.base import Policy
 
@@ -175,17 +175,31 @@ class FairShare:
         for j in released:
             after[tenant_of(j)] -= j.gpus
         gone = {j.job_id for j in released}
-        jobs: list[Job] = []
+        # A tenant at or above its cap with waiting jobs decides alone on the GPUs it holds, so that the
+        # inner policy rotates its jobs within its share as it would on that share alone; the others
+        # decide together on their GPUs and the free ones.
+        apart = {t for t in waiting if after[t] >= caps.get(t, 0)}
+        groups: dict[Tenant | None, list[Job]] = {}
         for j in view.jobs:
             t = tenant_of(j)
-            if j.job_id in gone or (unmet and j.state.waiting and after[t] >= caps.get(t, 0)):
+            if j.job_id in gone:
                 continue
             if j.state is JobState.RUNNING and after[t] >= caps.get(t, 0) and j.spec.max_gpus > j.gpus:
                 j = j.evolve(spec=replace(j.spec, max_gpus=max(j.spec.min_gpus, j.gpus)))
-            jobs.append(j)
-        inner_view = replace(view, jobs=tuple(jobs))
-        plan = self.inner.decide(inner_view, now)
-        plan = keep_to_caps(plan, inner_view, caps, after)
+            groups.setdefault(t if t in apart else None, []).append(j)
+        decisions: list[Decision] = []
+        for key, jobs in groups.items():
+            if key is not None or apart:
+                gpus = {g for j in jobs if j.state is JobState.RUNNING and j.placement for g in j.placement.gpus}
+                if key is None:
+                    gpus |= set(view.free_gpus()) | {g for j in released if j.placement for g in j.placement.gpus}
+                sub = replace(view, topology=only_gpus(view.topology, gpus), jobs=tuple(jobs))
+            else:
+                sub = replace(view, jobs=tuple(jobs))
+            if any(j.state.waiting for j in jobs) or key is None:
+                decisions += self.inner.decide(sub, now).decisions
+        inner_view = replace(view, jobs=tuple(j for jobs in groups.values() for j in jobs))
+        plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
         own = tuple(Decision(Action.SUSPEND, j.job_id, reason="fair share: tenant above its share") for j in released)
         return Plan(own + plan.decisions)
 
@@ -213,6 +227,12 @@ class FairShare:
         return out
 
 
+def only_gpus(topology: Topology, gpus: set[GpuRef]) -> Topology:
+    """`topology` with only `gpus` (the rest look held by jobs outside the view); nodes left without GPUs go."""
+    nodes = (replace(n, gpus=tuple(g for g in n.gpus if g.ref in gpus)) for n in topology.nodes)
+    return Topology(tuple(n for n in nodes if n.gpus))
+
+
 def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held: Mapping[Tenant, int]) -> Plan:
     """`plan` without the starts and resumes that would leave a tenant past its cap (the most-served of
     its takes go first), nor the suspends whose GPUs no kept decision then uses; repeated until it holds
@@ -236,7 +256,7 @@ def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held
             j = view.job(d.job_id)
             new = 0 if d.action is Action.SUSPEND or d.placement is None else d.placement.count
             count[tenant_of(j)] += new - j.gpus
-            if d.action in _TAKES:
+            if d.action in _TAKES or (d.action is Action.RESIZE and new > j.gpus):  # a grow takes GPUs too
                 takes.setdefault(tenant_of(j), []).append(d)
         over = sorted(t for t in takes if count[t] > caps.get(t, 0))
         if not over:
