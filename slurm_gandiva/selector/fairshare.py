@@ -16,13 +16,15 @@ So the decayed usage decides the rounding and who gives GPUs back first; the spl
 
 The inner policy then decides on a view that keeps each tenant within its GPUs (its `cap`):
 - When a tenant below its cap has waiting jobs, tenants above theirs give GPUs back: the layer suspends
-  their most-served running jobs (hidden from the inner policy, so their GPUs look free), and hides the
-  waiting jobs of tenants at or above their caps, so that the free GPUs go to the under-served tenant
-  within this round (one rotation).
+  their most-served running jobs (hidden from the inner policy, so their GPUs look free), so that the
+  free GPUs go to the under-served tenant within this round (one rotation).
+- A tenant at or above its cap with waiting jobs is decided alone, on a view with only its jobs and the
+  GPUs they hold (`only_gpus`): the inner policy rotates its jobs within its share as it would on that
+  share alone. The other tenants are decided together, on their GPUs and the free ones.
 - A job of a tenant at its cap may not grow (its `max_gpus` is its current count in the view).
-- The inner plan's starts and resumes past a tenant's cap are dropped (its own suspends free places
-  first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is dropped
-  too, so no tenant loses a GPU to a start that was dropped.
+- The inner plans' starts, resumes and grows past a tenant's cap are dropped (its own suspends free
+  places first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is
+  dropped too, so no tenant loses a GPU to a start that was dropped.
 
 Not done here: a catch-up beyond the share for a tenant that was under-served long. The GPU limits of
 associations and QOS (`Tenants.limits`) are a rule of the round (selector/round.py), as array caps are.
@@ -187,17 +189,23 @@ class FairShare:
             if j.state is JobState.RUNNING and after[t] >= caps.get(t, 0) and j.spec.max_gpus > j.gpus:
                 j = j.evolve(spec=replace(j.spec, max_gpus=max(j.spec.min_gpus, j.gpus)))
             groups.setdefault(t if t in apart else None, []).append(j)
+        holders: dict[GpuRef, set[Tenant | None]] = {}
+        for key, jobs in groups.items():
+            for j in jobs:
+                for g in j.placement.gpus if j.state is JobState.RUNNING and j.placement else ():
+                    holders.setdefault(g, set()).add(key)
         decisions: list[Decision] = []
         for key, jobs in groups.items():
             if key is not None or apart:
-                gpus = {g for j in jobs if j.state is JobState.RUNNING and j.placement for g in j.placement.gpus}
+                gpus = {g for g, keys in holders.items() if key in keys}
                 if key is None:
                     gpus |= set(view.free_gpus()) | {g for j in released if j.placement for g in j.placement.gpus}
-                sub = replace(view, topology=only_gpus(view.topology, gpus), jobs=tuple(jobs))
+                # a GPU whose shards two groups hold: neither sees the other's shard, so neither packs
+                packing = view.packing and all(len(holders[g]) == 1 for g in gpus if g in holders)
+                sub = replace(view, topology=only_gpus(view.topology, gpus), jobs=tuple(jobs), packing=packing)
             else:
                 sub = replace(view, jobs=tuple(jobs))
-            if any(j.state.waiting for j in jobs) or key is None:
-                decisions += self.inner.decide(sub, now).decisions
+            decisions += self.inner.decide(sub, now).decisions
         inner_view = replace(view, jobs=tuple(j for jobs in groups.values() for j in jobs))
         plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
         own = tuple(Decision(Action.SUSPEND, j.job_id, reason="fair share: tenant above its share") for j in released)

@@ -1,4 +1,5 @@
-"""The fair-share layer rotates a tenant's jobs within its own share, as the inner policy does alone."""
+"""The fair-share layer rotates a tenant's jobs within its own share, as the inner policy does alone; a grow
+counts against a tenant's cap."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from slurm_gandiva.model import ClusterView, Job, JobSpec, JobState, Placement, Topology
+from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.selector import make_policy
-from slurm_gandiva.selector.fairshare import FairShare
+from slurm_gandiva.selector.fairshare import FairShare, keep_to_caps
 from slurm_gandiva.sim.engine import Overheads, SimConfig, Simulator
 from slurm_gandiva.sim.trace import Trace, TraceJob
 
@@ -36,3 +39,17 @@ def test_short_job_of_a_tenant_at_its_cap_gets_a_turn_within_its_share(name: str
         assert r.finish is not None and by_id[r.job_id].finish is not None
         if r.job_id.endswith("-short"):
             assert r.finish <= 1.5 * float(by_id[r.job_id].finish or 0.0)
+
+
+def test_keep_to_caps_counts_a_grow_against_the_cap() -> None:
+    topo = Topology.uniform(1, 4)
+    g = topo.all_gpus()
+    a = Job(JobSpec("a0", "alice", 1, 4, 0.0), JobState.RUNNING, Placement((g[0],)))
+    b = Job(JobSpec("b0", "bob", 1, 1, 0.0), JobState.RUNNING, Placement((g[1],)))
+    view = ClusterView(topo, (a, b))
+    caps = {("", "alice"): 2, ("", "bob"): 2}
+    held = {("", "alice"): 1, ("", "bob"): 1}
+    grow = Plan((Decision(Action.RESIZE, "a0", Placement((g[0], g[2], g[3]))),))
+    assert keep_to_caps(grow, view, caps, held) == Plan()  # 3 GPUs: past alice's 2
+    within = Plan((Decision(Action.RESIZE, "a0", Placement((g[0], g[2]))),))
+    assert keep_to_caps(within, view, caps, held) == within
