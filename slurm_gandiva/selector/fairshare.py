@@ -20,7 +20,8 @@ The inner policy then decides on a view that keeps each tenant within its GPUs (
   free GPUs go to the under-served tenant within this round (one rotation).
 - A tenant at or above its cap with waiting jobs is decided alone, on a view with only its jobs and the
   GPUs they hold (`only_gpus`): the inner policy rotates its jobs within its share as it would on that
-  share alone. The other tenants are decided together, on their GPUs and the free ones.
+  share alone. The other tenants are decided together, on their GPUs and the free ones. A placement on
+  a GPU whose shards two such groups hold is dropped (neither saw the other's shard).
 - A job of a tenant at its cap may not grow (its `max_gpus` is its current count in the view).
 - The inner plans' starts, resumes and grows past a tenant's cap are dropped (its own suspends free
   places first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is
@@ -199,13 +200,17 @@ class FairShare:
             if key is not None or apart:
                 gpus = {g for g, keys in holders.items() if key in keys}
                 if key is None:
-                    gpus |= set(view.free_gpus()) | {g for j in released if j.placement for g in j.placement.gpus}
-                # a GPU whose shards two groups hold: neither sees the other's shard, so neither packs
-                packing = view.packing and all(len(holders[g]) == 1 for g in gpus if g in holders)
-                sub = replace(view, topology=only_gpus(view.topology, gpus), jobs=tuple(jobs), packing=packing)
+                    # a released job's GPUs are free unless a job that stays holds a shard of them
+                    gone_gpus = {g for j in released if j.placement for g in j.placement.gpus}
+                    gpus |= set(view.free_gpus()) | (gone_gpus - holders.keys())
+                sub = replace(view, topology=only_gpus(view.topology, gpus), jobs=tuple(jobs))
             else:
                 sub = replace(view, jobs=tuple(jobs))
             decisions += self.inner.decide(sub, now).decisions
+        # a GPU whose shards two groups hold: neither group sees the other's shard, so neither places there
+        contested = {g for g, keys in holders.items() if len(keys) > 1}
+        if contested:
+            decisions = [d for d in decisions if not (d.placement and contested.intersection(d.placement.gpus))]
         inner_view = replace(view, jobs=tuple(j for jobs in groups.values() for j in jobs))
         plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
         own = tuple(Decision(Action.SUSPEND, j.job_id, reason="fair share: tenant above its share") for j in released)

@@ -53,3 +53,21 @@ def test_keep_to_caps_counts_a_grow_against_the_cap() -> None:
     assert keep_to_caps(grow, view, caps, held) == Plan()  # 3 GPUs: past alice's 2
     within = Plan((Decision(Action.RESIZE, "a0", Placement((g[0], g[2]))),))
     assert keep_to_caps(within, view, caps, held) == within
+
+
+def test_a_released_jobs_gpu_is_not_free_while_a_shard_of_it_stays_held() -> None:
+    topo = Topology.uniform(1, 4)
+    g = topo.all_gpus()
+
+    def run(jid: str, at: tuple[int, ...], served: float, shared: bool = False) -> Job:
+        place = Placement(tuple(g[i] for i in at), shared=shared)
+        return Job(JobSpec(jid, "alice", 1, 1, 0.0), JobState.RUNNING, place, attained_service=served)
+
+    jobs = [run("a0", (0,), 90.0, True), run("a1", (0,), 10.0, True), run("a2", (1,), 80.0)]
+    jobs += [run("a3", (2,), 1.0), run("a4", (3,), 2.0), Job(JobSpec("a5", "alice", 1, 1, 0.0))]
+    jobs += [Job(JobSpec(f"b{i}", "bob", 1, 1, 0.0)) for i in range(2)]
+    view = ClusterView(topo, tuple(jobs), now=600.0)
+    plan = FairShare(make_policy("fifo")).decide(view, 600.0)
+    assert {d.job_id for d in plan.by_action(Action.SUSPEND)} == {"a0", "a2"}  # alice's most-served
+    assert not plan.apply(view).consistency_errors()  # g[0] still holds a1's shard: no bob job there
+    assert [d.placement.gpus for d in plan.by_action(Action.START) if d.placement] == [(g[1],)]
