@@ -276,5 +276,20 @@ def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held
             return plan if len(kept) == len(plan.decisions) else Plan(tuple(kept))
         t = over[0]
         drop = max(takes[t], key=lambda d: (view.job(d.job_id).attained_service, d.job_id))
-        decisions = [d for d in kept if d is not drop]
+        decisions = _without(kept, view, drop)
         pruning = True
+
+
+def _without(decisions: list[Decision], view: ClusterView, drop: Decision) -> list[Decision]:
+    """`decisions` less `drop` and, transitively, those placed on GPUs that a dropped decision's job then
+    keeps (a dropped grow leaves its job where it is)."""
+    out = [d for d in decisions if d is not drop]
+    stay = [drop]
+    while stay:
+        p = view.job(stay.pop().job_id).placement
+        if p is None:
+            continue
+        hit = [d for d in out if d.placement and set(p.gpus).intersection(d.placement.gpus)]
+        out = [d for d in out if all(d is not h for h in hit)]
+        stay += hit
+    return out

@@ -71,3 +71,17 @@ def test_a_released_jobs_gpu_is_not_free_while_a_shard_of_it_stays_held() -> Non
     assert {d.job_id for d in plan.by_action(Action.SUSPEND)} == {"a0", "a2"}  # alice's most-served
     assert not plan.apply(view).consistency_errors()  # g[0] still holds a1's shard: no bob job there
     assert [d.placement.gpus for d in plan.by_action(Action.START) if d.placement] == [(g[1],)]
+
+
+def test_a_dropped_grow_keeps_its_gpus_from_the_take_that_counted_on_them() -> None:
+    topo = Topology.uniform(1, 4)
+    g = topo.all_gpus()
+    a = Job(JobSpec("a0", "alice", 1, 4, 0.0), JobState.RUNNING, Placement((g[0],)))
+    b = Job(JobSpec("b0", "bob", 1, 1, 0.0), JobState.SUSPENDED, attained_service=5.0)
+    view = ClusterView(topo, (a, b))
+    plan = Plan((
+        Decision(Action.RESIZE, "a0", Placement((g[1], g[2], g[3]))),  # moves off g[0], past alice's cap
+        Decision(Action.RESUME, "b0", Placement((g[0],))),
+    ))
+    caps = {("", "alice"): 2, ("", "bob"): 2}
+    assert keep_to_caps(plan, view, caps, {("", "alice"): 1, ("", "bob"): 0}) == Plan()  # a0 stays on g[0]
