@@ -16,13 +16,16 @@ So the decayed usage decides the rounding and who gives GPUs back first; the spl
 
 The inner policy then decides on a view that keeps each tenant within its GPUs (its `cap`):
 - When a tenant below its cap has waiting jobs, tenants above theirs give GPUs back: the layer suspends
-  their most-served running jobs (hidden from the inner policy, so their GPUs look free), and hides the
-  waiting jobs of tenants at or above their caps, so that the free GPUs go to the under-served tenant
-  within this round (one rotation).
+  their most-served running jobs (hidden from the inner policy, so their GPUs look free), so that the
+  free GPUs go to the under-served tenant within this round (one rotation).
+- A tenant at or above its cap with waiting jobs is decided alone, on a view with only its jobs and the
+  GPUs they hold (`only_gpus`): the inner policy rotates its jobs within its share as it would on that
+  share alone. The other tenants are decided together, on their GPUs and the free ones. A placement on
+  a GPU whose shards two such groups hold is dropped (neither saw the other's shard).
 - A job of a tenant at its cap may not grow (its `max_gpus` is its current count in the view).
-- The inner plan's starts and resumes past a tenant's cap are dropped (its own suspends free places
-  first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is dropped
-  too, so no tenant loses a GPU to a start that was dropped.
+- The inner plans' starts, resumes and grows past a tenant's cap are dropped (its own suspends free
+  places first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is
+  dropped too, so no tenant loses a GPU to a start that was dropped.
 
 Not done here: a catch-up beyond the share for a tenant that was under-served long. The GPU limits of
 associations and QOS (`Tenants.limits`) are a rule of the round (selector/round.py), as array caps are.
@@ -40,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState
+from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.selector.base import Policy
 
@@ -198,17 +201,41 @@ class FairShare:
         for j in released:
             after[tenant_of(j)] -= j.gpus
         gone = {j.job_id for j in released}
-        jobs: list[Job] = []
+        # A tenant at or above its cap with waiting jobs decides alone on the GPUs it holds, so that the
+        # inner policy rotates its jobs within its share as it would on that share alone; the others
+        # decide together on their GPUs and the free ones.
+        apart = {t for t in waiting if after[t] >= caps.get(t, 0)}
+        groups: dict[Tenant | None, list[Job]] = {}
         for j in view.jobs:
             t = tenant_of(j)
-            if j.job_id in gone or (unmet and j.state.waiting and after[t] >= caps.get(t, 0)):
+            if j.job_id in gone:
                 continue
             if j.state is JobState.RUNNING and after[t] >= caps.get(t, 0) and j.spec.max_gpus > j.gpus:
                 j = j.evolve(spec=replace(j.spec, max_gpus=max(j.spec.min_gpus, j.gpus)))
-            jobs.append(j)
-        inner_view = replace(view, jobs=tuple(jobs))
-        plan = self.inner.decide(inner_view, now)
-        plan = keep_to_caps(plan, inner_view, caps, after)
+            groups.setdefault(t if t in apart else None, []).append(j)
+        holders: dict[GpuRef, set[Tenant | None]] = {}
+        for key, jobs in groups.items():
+            for j in jobs:
+                for g in j.placement.gpus if j.state is JobState.RUNNING and j.placement else ():
+                    holders.setdefault(g, set()).add(key)
+        decisions: list[Decision] = []
+        for key, jobs in groups.items():
+            if key is not None or apart:
+                gpus = {g for g, keys in holders.items() if key in keys}
+                if key is None:
+                    # a released job's GPUs are free unless a job that stays holds a shard of them
+                    gone_gpus = {g for j in released if j.placement for g in j.placement.gpus}
+                    gpus |= set(view.free_gpus()) | (gone_gpus - holders.keys())
+                sub = replace(view, topology=only_gpus(view.topology, gpus), jobs=tuple(jobs))
+            else:
+                sub = replace(view, jobs=tuple(jobs))
+            decisions += self.inner.decide(sub, now).decisions
+        # a GPU whose shards two groups hold: neither group sees the other's shard, so neither places there
+        contested = {g for g, keys in holders.items() if len(keys) > 1}
+        if contested:
+            decisions = [d for d in decisions if not (d.placement and contested.intersection(d.placement.gpus))]
+        inner_view = replace(view, jobs=tuple(j for jobs in groups.values() for j in jobs))
+        plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
         own = tuple(Decision(Action.SUSPEND, j.job_id, reason="fair share: tenant above its share") for j in released)
         return Plan(own + plan.decisions)
 
@@ -236,6 +263,12 @@ class FairShare:
         return out
 
 
+def only_gpus(topology: Topology, gpus: set[GpuRef]) -> Topology:
+    """`topology` with only `gpus` (the rest look held by jobs outside the view); nodes left without GPUs go."""
+    nodes = (replace(n, gpus=tuple(g for g in n.gpus if g.ref in gpus)) for n in topology.nodes)
+    return Topology(tuple(n for n in nodes if n.gpus))
+
+
 def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held: Mapping[Tenant, int]) -> Plan:
     """`plan` without the starts and resumes that would leave a tenant past its cap (the most-served of
     its takes go first), nor the suspends whose GPUs no kept decision then uses; repeated until it holds
@@ -259,12 +292,27 @@ def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held
             j = view.job(d.job_id)
             new = 0 if d.action is Action.SUSPEND or d.placement is None else d.placement.count
             count[tenant_of(j)] += new - j.gpus
-            if d.action in _TAKES:
+            if d.action in _TAKES or (d.action is Action.RESIZE and new > j.gpus):  # a grow takes GPUs too
                 takes.setdefault(tenant_of(j), []).append(d)
         over = sorted(t for t in takes if count[t] > caps.get(t, 0))
         if not over:
             return plan if len(kept) == len(plan.decisions) else Plan(tuple(kept))
         t = over[0]
         drop = max(takes[t], key=lambda d: (view.job(d.job_id).attained_service, d.job_id))
-        decisions = [d for d in kept if d is not drop]
+        decisions = _without(kept, view, drop)
         pruning = True
+
+
+def _without(decisions: list[Decision], view: ClusterView, drop: Decision) -> list[Decision]:
+    """`decisions` less `drop` and, transitively, those placed on GPUs that a dropped decision's job then
+    keeps (a dropped grow leaves its job where it is)."""
+    out = [d for d in decisions if d is not drop]
+    stay = [drop]
+    while stay:
+        p = view.job(stay.pop().job_id).placement
+        if p is None:
+            continue
+        hit = [d for d in out if d.placement and set(p.gpus).intersection(d.placement.gpus)]
+        out = [d for d in out if all(d is not h for h in hit)]
+        stay += hit
+    return out

@@ -1,0 +1,87 @@
+"""The fair-share layer rotates a tenant's jobs within its own share, as the inner policy does alone; a grow
+counts against a tenant's cap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slurm_gandiva.model import ClusterView, Job, JobSpec, JobState, Placement, Topology
+from slurm_gandiva.plan import Action, Decision, Plan
+from slurm_gandiva.selector import make_policy
+from slurm_gandiva.selector.fairshare import FairShare, keep_to_caps
+from slurm_gandiva.sim.engine import Overheads, SimConfig, Simulator
+from slurm_gandiva.sim.trace import Trace, TraceJob
+
+DAY = 86400.0
+
+
+def tenants_at_cap() -> Trace:
+    """Two tenants with 4 of 8 GPUs each, all held by 1-GPU jobs of a day; each then submits a 1-hour job."""
+    jobs = [TraceJob(f"{t}{i}", 0.0, DAY, 1, model="cifar10", user=t, account=t) for t in "ab" for i in range(4)]
+    jobs += [TraceJob(f"{t}-short", 600.0, 3600.0, 1, model="cifar10", user=t, account=t) for t in "ab"]
+    return Trace("at-cap", tuple(jobs))
+
+
+@pytest.mark.parametrize("name", ["gandiva", "default"])
+def test_short_job_of_a_tenant_at_its_cap_gets_a_turn_within_its_share(name: str) -> None:
+    config = SimConfig(nodes=2, gpus_per_node=4, overheads=Overheads.default())
+    alone = Simulator(tenants_at_cap(), make_policy(name), config).run()
+    fair: Any = FairShare(make_policy(name))
+    res = Simulator(tenants_at_cap(), fair, config).run()
+    quantum = float(fair.quantum)
+    for r in res.jobs:
+        if r.job_id.endswith("-short"):
+            assert r.first_start is not None and r.first_start - r.submit <= 2 * quantum + 600.0, r
+    by_id = {r.job_id: r for r in alone.jobs}
+    for r in res.jobs:  # no worse than the inner policy on the whole cluster: both tenants are alike
+        assert r.finish is not None and by_id[r.job_id].finish is not None
+        if r.job_id.endswith("-short"):
+            assert r.finish <= 1.5 * float(by_id[r.job_id].finish or 0.0)
+
+
+def test_keep_to_caps_counts_a_grow_against_the_cap() -> None:
+    topo = Topology.uniform(1, 4)
+    g = topo.all_gpus()
+    a = Job(JobSpec("a0", "alice", 1, 4, 0.0), JobState.RUNNING, Placement((g[0],)))
+    b = Job(JobSpec("b0", "bob", 1, 1, 0.0), JobState.RUNNING, Placement((g[1],)))
+    view = ClusterView(topo, (a, b))
+    caps = {("", "alice"): 2, ("", "bob"): 2}
+    held = {("", "alice"): 1, ("", "bob"): 1}
+    grow = Plan((Decision(Action.RESIZE, "a0", Placement((g[0], g[2], g[3]))),))
+    assert keep_to_caps(grow, view, caps, held) == Plan()  # 3 GPUs: past alice's 2
+    within = Plan((Decision(Action.RESIZE, "a0", Placement((g[0], g[2]))),))
+    assert keep_to_caps(within, view, caps, held) == within
+
+
+def test_a_released_jobs_gpu_is_not_free_while_a_shard_of_it_stays_held() -> None:
+    topo = Topology.uniform(1, 4)
+    g = topo.all_gpus()
+
+    def run(jid: str, at: tuple[int, ...], served: float, shared: bool = False) -> Job:
+        place = Placement(tuple(g[i] for i in at), shared=shared)
+        return Job(JobSpec(jid, "alice", 1, 1, 0.0), JobState.RUNNING, place, attained_service=served)
+
+    jobs = [run("a0", (0,), 90.0, True), run("a1", (0,), 10.0, True), run("a2", (1,), 80.0)]
+    jobs += [run("a3", (2,), 1.0), run("a4", (3,), 2.0), Job(JobSpec("a5", "alice", 1, 1, 0.0))]
+    jobs += [Job(JobSpec(f"b{i}", "bob", 1, 1, 0.0)) for i in range(2)]
+    view = ClusterView(topo, tuple(jobs), now=600.0)
+    plan = FairShare(make_policy("fifo")).decide(view, 600.0)
+    assert {d.job_id for d in plan.by_action(Action.SUSPEND)} == {"a0", "a2"}  # alice's most-served
+    assert not plan.apply(view).consistency_errors()  # g[0] still holds a1's shard: no bob job there
+    assert [d.placement.gpus for d in plan.by_action(Action.START) if d.placement] == [(g[1],)]
+
+
+def test_a_dropped_grow_keeps_its_gpus_from_the_take_that_counted_on_them() -> None:
+    topo = Topology.uniform(1, 4)
+    g = topo.all_gpus()
+    a = Job(JobSpec("a0", "alice", 1, 4, 0.0), JobState.RUNNING, Placement((g[0],)))
+    b = Job(JobSpec("b0", "bob", 1, 1, 0.0), JobState.SUSPENDED, attained_service=5.0)
+    view = ClusterView(topo, (a, b))
+    plan = Plan((
+        Decision(Action.RESIZE, "a0", Placement((g[1], g[2], g[3]))),  # moves off g[0], past alice's cap
+        Decision(Action.RESUME, "b0", Placement((g[0],))),
+    ))
+    caps = {("", "alice"): 2, ("", "bob"): 2}
+    assert keep_to_caps(plan, view, caps, {("", "alice"): 1, ("", "bob"): 0}) == Plan()  # a0 stays on g[0]
