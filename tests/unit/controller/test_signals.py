@@ -54,7 +54,7 @@ class SuspendAll:
 
 
 def test_each_job_is_suspended_with_its_own_signal(tmp_path: Path) -> None:
-    cfg = parse_config(f"state_dir = {tmp_path}\ntick = 0.2\nquantum = 1\nsignal = URG\nsuspend_timeout = 5\n")
+    cfg = parse_config(f"state_dir = {tmp_path}\ntick = 0.2\nquantum = 1\nsignal = XCPU\nsuspend_timeout = 5\n")
     running = {"gpus": {"n1": (0,)}, "hold": HoldKind.NONE}
     jobs = [sjob("1", "RUNNING", **running), sjob("2", "RUNNING", **{**running, "gpus": {"n1": (1,)}})]  # type: ignore[arg-type]
     cfg.job_root.mkdir()
@@ -65,7 +65,7 @@ def test_each_job_is_suspended_with_its_own_signal(tmp_path: Path) -> None:
     rep = ctl.tick()
     assert rep.error == "" and all(r.ok for r in rep.results) and len(rep.results) == 2
     # job 1 asked for ALRM at submission; job 2 has no spec (plain sbatch): the configured signal
-    assert backend.signals == {"1": "ALRM", "2": "URG"}
+    assert backend.signals == {"1": "ALRM", "2": "XCPU"}
     assert store.get_job("1").signal == "ALRM" and store.get_job("2").signal == ""
 
 
@@ -83,7 +83,7 @@ def test_a_spec_edited_to_a_refused_signal_falls_back_to_the_configured_one(tmp_
 
 
 def test_each_operation_is_given_its_jobs_signal(tmp_path: Path) -> None:
-    cfg = parse_config(f"state_dir = {tmp_path}\ntick = 0.2\nquantum = 1\nsignal = URG\n")
+    cfg = parse_config(f"state_dir = {tmp_path}\ntick = 0.2\nquantum = 1\nsignal = XCPU\n")
     jobs = [sjob(j, "RUNNING", gpus={"n1": (i,)}, hold=HoldKind.NONE) for i, j in enumerate(("1", "2", "3"))]
     cfg.job_root.mkdir()
     for jid in ("1", "3"):
@@ -109,12 +109,12 @@ def test_a_reload_changes_the_configured_signal(tmp_path: Path) -> None:
     write_topology(TOPO, topo)
     conf = tmp_path / "gandiva.conf"
     base = f"state_dir = {tmp_path / 'state'}\ntopology_file = {topo}\npartitions = gpu\n"
-    conf.write_text(base + "signal = URG\n")
+    conf.write_text(base + "signal = XCPU\n")
     cfg = load_config(conf)
     (tmp_path / "state").mkdir()
     ctl = Controller(cfg, FakeBackend([]), Store(cfg.db_url), config_path=conf, progress_reader=lambda _p, _u: None)
     proto = ctl.protocol
-    assert isinstance(proto, RequeueProtocol) and proto.signal_name == "URG"
+    assert isinstance(proto, RequeueProtocol) and proto.signal_name == "XCPU"
     conf.write_text(base + "signal = XCPU\nsuspend_timeout = 9\n")
     assert ctl.reload()
     assert (proto.signal_name, proto.suspend_timeout) == ("XCPU", 9.0)

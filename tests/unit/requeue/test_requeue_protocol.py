@@ -91,9 +91,9 @@ def test_each_operation_sends_the_signal_it_names(proto: RequeueProtocol, slurm:
     res = proto.suspend("7", signal="ALRM")
     assert res.outcome is Outcome.SUSPENDED
     assert (res.step(Step.SIGNAL) or pytest.fail()).detail == "SIGALRM to the batch shell"
-    assert proto.migrate("8", place("n1", 3), signal="URG").outcome is Outcome.RUNNING
+    assert proto.migrate("8", place("n1", 3), signal="XCPU").outcome is Outcome.RUNNING
     assert proto.suspend("9").outcome is Outcome.SUSPENDED  # none named: the protocol's own
-    assert [c[2] for c in slurm.called("signal")] == ["ALRM", "URG", "USR2"]
+    assert [c[2] for c in slurm.called("signal")] == ["ALRM", "XCPU", "USR2"]
 
 
 def test_suspend_twice_is_a_no_op(proto: RequeueProtocol, slurm: FakeSlurm) -> None:

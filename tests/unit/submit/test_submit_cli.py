@@ -240,7 +240,7 @@ def test_the_controllers_signal_is_the_default(tmp_path: Path) -> None:
     env = {"GANDIVA_CONF": str(conf)}
     _submit(["--", "true"], be, env)
     assert "--signal ALRM --" in be.submitted[0].script
-    _submit(["--signal", "sigurg", "--", "true"], be, env)  # the user's choice wins
-    assert "--signal URG --" in be.submitted[1].script
+    _submit(["--signal", "sigxcpu", "--", "true"], be, env)  # the user's choice wins
+    assert "--signal XCPU --" in be.submitted[1].script
     spec = submitted_spec(be.submitted[0], tmp_path / "jobs", "101")
     assert spec is not None and spec.signal == "ALRM"
