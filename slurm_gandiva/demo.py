@@ -17,6 +17,7 @@ The report ends with each tenant's GPU-time and Slurm's own `sshare`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pwd
@@ -100,38 +101,48 @@ WORKLOAD: tuple[DemoJob, ...] = (
 # three jobs (5 GPUs at their minimum) and, with equal shares, gets 4 of the 8 GPUs within a rotation.
 TENANT_WORKLOAD: tuple[DemoJob, ...] = (
     *(DemoJob(f"s{i}", 1, 1, steps) for i, steps in enumerate((300, 340, 280, 360, 320, 300, 380, 260), 1)),
-    DemoJob("n1", 2, 2, 300, tenant=1, delay=20.0),
-    DemoJob("n2", 1, 2, 320, tenant=1, delay=20.0),
-    DemoJob("n3", 2, 2, 260, tenant=1, delay=20.0),
+    DemoJob("n1", 2, 2, 600, tenant=1, delay=20.0),
+    DemoJob("n2", 1, 2, 640, tenant=1, delay=20.0),
+    DemoJob("n3", 2, 2, 520, tenant=1, delay=20.0),
 )
 
 
-def tenant_table(results: Sequence[JobResult], tenant_of: Mapping[str, int], since: float) -> str:
-    """Each tenant's jobs, GPU-seconds received in all and from `since` (when the last tenant arrived) to
-    the first tenant's last job end, and its share of that contested GPU-time; from the slice history."""
-    until = min(
-        max((r.ended or 0.0) for r in results if tenant_of.get(r.job_id) == t)
-        for t in set(tenant_of.values())
-    )
+def tenant_table(results: Sequence[JobResult], tenant_of: Mapping[str, int]) -> str:
+    """Each tenant's jobs, GPU-seconds received in all and while contested (every tenant had a job waiting:
+    each wanted more than it held), and its share of the contested GPU-time; from the slice history, in
+    whole seconds."""
+    tenants = sorted(set(tenant_of.values()))
     total: dict[int, float] = {}
-    contested: dict[int, float] = {}
     for r in results:
         t = tenant_of.get(r.job_id, 0)
-        for start, end, gpus, _ in r.slice_log:
-            stop = end if end is not None else (r.ended or start)
-            total[t] = total.get(t, 0.0) + gpus * max(0.0, stop - start)
-            overlap = min(stop, until) - max(start, since)
-            contested[t] = contested.get(t, 0.0) + gpus * max(0.0, overlap)
+        total[t] = total.get(t, 0.0) + sum(g * max(0.0, (e if e is not None else r.ended or a) - a)
+                                           for a, e, g, _ in r.slice_log)
+    contested: dict[int, float] = dict.fromkeys(tenants, 0.0)
+    ends = [r.ended for r in results if r.ended is not None]
+    if ends and len(tenants) > 1:
+        for second in range(int(min(r.submitted for r in results)), int(max(ends)) + 1):
+            now = second + 0.5
+            held = dict.fromkeys(tenants, 0)
+            waits = dict.fromkeys(tenants, False)
+            for r in results:
+                if not r.submitted <= now < (r.ended or now + 1):
+                    continue
+                t = tenant_of.get(r.job_id, 0)
+                gpus = sum(g for a, e, g, _ in r.slice_log if a <= now < (e if e is not None else now + 1))
+                held[t] += gpus
+                waits[t] = waits[t] or gpus == 0
+            if all(waits.values()):
+                for t in tenants:
+                    contested[t] += held[t]
     both = sum(contested.values()) or 1.0
-    lines = [f"{'ACCOUNT':<8} {'USER':<14} {'JOBS':>4} {'GPU-S':>7} {'GPU-S BOTH':>10} {'SHARE':>6} {'AVG JCT':>8}"]
-    for t, (account, user) in enumerate(TENANTS):
+    lines = [f"{'ACCOUNT':<8} {'USER':<14} {'JOBS':>4} {'GPU-S':>7} {'CONTESTED':>9} {'SHARE':>6} {'AVG JCT':>8}"]
+    for t in tenants:
+        account, user = TENANTS[t]
         mine = [r for r in results if tenant_of.get(r.job_id) == t]
-        if not mine:
-            continue
         jcts = [r.jct for r in mine if r.jct is not None]
         avg = f"{sum(jcts) / len(jcts):7.0f}s" if jcts else f"{'-':>8}"
         lines.append(f"{account:<8} {user:<14} {len(mine):>4} {total.get(t, 0.0):7.0f} "
-                     f"{contested.get(t, 0.0):10.0f} {contested.get(t, 0.0) / both:6.0%} {avg}")
+                     f"{contested[t]:9.0f} {contested[t] / both:6.0%} {avg}")
     return "\n".join(lines)
 
 
@@ -638,9 +649,9 @@ class Demo:
         self.results_path.write_text(result.to_json())
         self._reports(cluster, [r.job_id for r in rows])
         if self.tenants:
-            arrived = max(t for _, _, t in submitted)
-            self.say("\ndemo: GPU-time per tenant (GPU-S BOTH: while both had jobs; equal shares: 50% each)")
-            self.say(tenant_table(result.jobs, {jid: j.tenant for jid, j, _ in submitted}, arrived))
+            self.say("\ndemo: GPU-time per tenant (CONTESTED: GPU-seconds while both tenants had a job waiting; "
+                     "equal shares: 50% each)")
+            self.say(tenant_table(result.jobs, {jid: j.tenant for jid, j, _ in submitted}))
             self._sshare(cluster)
         jcts = [j.jct for j in result.jobs if j.jct is not None]
         if jcts:
@@ -655,11 +666,18 @@ class Demo:
 
     def _observe(self, backend: SlurmBackend, cluster: DevCluster,
                  submitted: Sequence[tuple[str, DemoJob, float]]) -> list[JobRow]:
+        from slurm_gandiva.requeue.namespace import job_paths
+
         by_id = {j.job_id: j for j in backend.jobs()}
         rows = []
         for jid, job, t in submitted:
-            files = JobFiles(cluster.jobs_dir / jid)
-            rows.append(JobRow(jid, job, t, by_id.get(jid), read_progress(files.progress), read_outcome(files)))
+            sj = by_id.get(jid)
+            state = cluster.jobs_dir / jid
+            if sj is not None:  # in the submission's private directory (issue 29)
+                with contextlib.suppress(GandivaError):
+                    state = job_paths(cluster.jobs_dir, jid, sj.comment, sj.user).state_dir
+            files = JobFiles(state)
+            rows.append(JobRow(jid, job, t, sj, read_progress(files.progress), read_outcome(files)))
         return rows
 
     def _slices(

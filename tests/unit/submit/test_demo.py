@@ -149,12 +149,13 @@ def test_tenant_table_splits_the_contested_gpu_time() -> None:
     assert {j.tenant for j in TENANT_WORKLOAD} == {0, 1}
     assert sum(j.min_gpus for j in TENANT_WORKLOAD if j.tenant == 0) == 8  # the search alone fills the cluster
 
-    def res(jid: str, slices: tuple[tuple[float, float | None, int, str], ...], end: float) -> JobResult:
-        return JobResult(jid, jid, 1, 2, 100, 0.0, slices[0][0], end, "done", len(slices), "h", (), slices)
+    def res(jid: str, submitted: float, slices: tuple[tuple[float, float | None, int, str], ...]) -> JobResult:
+        return JobResult(jid, jid, 1, 4, 100, submitted, slices[0][0], 100.0, "done", len(slices), "h", (), slices)
 
-    # Tenant 0 holds 8 GPUs from 0 to 20, then 4 from 20 to 100; tenant 1 arrives at 20 and holds 4 to 100.
-    results = [res("1", ((0.0, 20.0, 8, "suspend"), (20.0, 100.0, 4, "done")), 100.0),
-               res("2", ((30.0, 100.0, 4, "done"),), 100.0)]
-    table = tenant_table(results, {"1": 0, "2": 1}, since=20.0).splitlines()
-    assert table[1].split() == ["vision", "gandiva-demo", "1", "480", "320", "53%", "100s"]
-    assert table[2].split() == ["nlp", "gandiva-demo2", "1", "280", "280", "47%", "100s"]
+    # Tenant 0: job 1 holds 4 GPUs from 0 to 100, job 3 (submitted at 0) waits until 60 and runs on 1 GPU.
+    # Tenant 1: job 2, submitted at 20, waits until 30 and holds 4 GPUs to 100. Both wait only from 20 to 30.
+    results = [res("1", 0.0, ((0.0, 100.0, 4, "done"),)), res("3", 0.0, ((60.0, 100.0, 1, "done"),)),
+               res("2", 20.0, ((30.0, 100.0, 4, "done"),))]
+    table = tenant_table(results, {"1": 0, "3": 0, "2": 1}).splitlines()
+    assert table[1].split() == ["vision", "gandiva-demo", "2", "440", "40", "100%", "100s"]
+    assert table[2].split() == ["nlp", "gandiva-demo2", "1", "280", "0", "0%", "80s"]
