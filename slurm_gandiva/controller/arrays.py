@@ -20,7 +20,7 @@ array then costs a round what a few dozen jobs do, and no one else's new job wai
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from slurm_gandiva.model import ClusterView, JobSpec
@@ -97,13 +97,12 @@ class Untracked:
     array_id: str
     user: str
     name: str
-    count: int
-    tasks: str  # their task ids as Slurm writes a list: "100-89999" or "5,7,9-20"
+    tasks: tuple[int, ...]  # their task ids, sorted
 
     @property
     def job_id(self) -> str:
-        """The array's tasks in Slurm's notation: "42_[100-89999]"."""
-        return f"{self.array_id}_[{self.tasks}]"
+        """The tasks in Slurm's notation: "42_[100-89999]"."""
+        return f"{self.array_id}_[{task_ranges(self.tasks)}]"
 
 
 def _task_number(job_id: str) -> int:
@@ -111,7 +110,7 @@ def _task_number(job_id: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-def task_ranges(tasks: list[int]) -> str:
+def task_ranges(tasks: Sequence[int]) -> str:
     """Sorted task ids -> Slurm's list notation: [1, 2, 3, 5] -> "1-3,5"."""
     out: list[str] = []
     i = 0
@@ -129,25 +128,22 @@ def array_window(jobs: dict[str, SlurmJob]) -> tuple[dict[str, SlurmJob], dict[s
     array past its window (`window_size`: the lowest task ids are tracked first), and those tasks as one
     `Untracked` per array. Stable from round to round: a tracked task stays tracked until it runs or ends
     (arrays never gain tasks), so its record and the policy's view of it are never dropped."""
-    tails: dict[str, list[tuple[int, str]]] = {}
+    tails: dict[str, list[str]] = {}
     for jid, j in jobs.items():
-        if j.array_max_tasks > 0 and j.array_id and j.pending and j.restart_count == 0:
-            tails.setdefault(j.array_id, []).append((_task_number(jid), jid))
-    cut: dict[str, list[int]] = {}
-    names: dict[str, SlurmJob] = {}
+        if j.array_max_tasks > 0 and j.restart_count == 0 and j.state == "PENDING" and j.array_id:
+            tails.setdefault(j.array_id, []).append(jid)
+    cut: dict[str, list[str]] = {}
     for array, tail in tails.items():
-        first = jobs[tail[0][1]]
-        width = window_size(first.array_max_tasks)
-        if len(tail) <= width:
-            continue
-        tail.sort()
-        cut[array] = [t for t, _ in tail[width:]]
-        names[array] = first
+        width = window_size(jobs[tail[0]].array_max_tasks)
+        if len(tail) > width:
+            tail.sort(key=_task_number)
+            cut[array] = tail[width:]
     if not cut:
         return jobs, {}
-    out_ids = {f"{a}_{t}" for a, ts in cut.items() for t in ts}
-    kept = {jid: j for jid, j in jobs.items() if jid not in out_ids}
-    untracked = {
-        a: Untracked(a, names[a].user, names[a].name, len(ts), task_ranges(ts)) for a, ts in cut.items()
-    }
+    drop = set().union(*cut.values())
+    kept = {jid: j for jid, j in jobs.items() if jid not in drop}
+    untracked: dict[str, Untracked] = {}
+    for array, ids in cut.items():
+        first = jobs[ids[0]]
+        untracked[array] = Untracked(array, first.user, first.name, tuple(map(_task_number, ids)))
     return kept, untracked

@@ -189,7 +189,7 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
     for u in untracked.values():  # one line for an array's tail the controller does not track yet
         if not user or u.user == user:
             rows.append(QueueRow(u.job_id, u.user, u.name, "waiting", "-", "?", 0, None, "",
-                                 f"{u.count} tasks not yet tracked: they follow as the array's tasks run"))
+                                 f"{len(u.tasks)} tasks not yet tracked: they follow as the array's tasks run"))
     return rows
 
 
