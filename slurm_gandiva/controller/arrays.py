@@ -132,18 +132,19 @@ def array_window(jobs: dict[str, SlurmJob]) -> tuple[dict[str, SlurmJob], dict[s
     for jid, j in jobs.items():
         if j.array_max_tasks > 0 and j.restart_count == 0 and j.state == "PENDING" and j.array_id:
             tails.setdefault(j.array_id, []).append(jid)
-    cut: dict[str, list[str]] = {}
+    drop: set[str] = set()
+    untracked: dict[str, Untracked] = {}
     for array, tail in tails.items():
         width = window_size(jobs[tail[0]].array_max_tasks)
-        if len(tail) > width:
-            tail.sort(key=_task_number)
-            cut[array] = tail[width:]
-    if not cut:
+        if len(tail) <= width:
+            continue
+        nums = list(map(_task_number, tail))
+        if nums != sorted(nums):  # Slurm lists a meta record's tasks in order; split-off ones may not be
+            pairs = sorted(zip(nums, tail, strict=True))
+            nums, tail = [n for n, _ in pairs], [jid for _, jid in pairs]
+        drop.update(tail[width:])
+        first = jobs[tail[width]]
+        untracked[array] = Untracked(array, first.user, first.name, tuple(nums[width:]))
+    if not drop:
         return jobs, {}
-    drop = set().union(*cut.values())
-    kept = {jid: j for jid, j in jobs.items() if jid not in drop}
-    untracked: dict[str, Untracked] = {}
-    for array, ids in cut.items():
-        first = jobs[ids[0]]
-        untracked[array] = Untracked(array, first.user, first.name, tuple(map(_task_number, ids)))
-    return kept, untracked
+    return {jid: j for jid, j in jobs.items() if jid not in drop}, untracked

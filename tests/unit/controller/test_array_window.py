@@ -41,6 +41,8 @@ def test_window_keeps_what_ran_and_the_next_never_run_tasks_in_task_order() -> N
     assert (u.array_id, u.user, u.tasks) == ("7", "a", tuple(range(2 + w, 5_000)))
     assert u.job_id == f"7_[{2 + w}-4999]"
     assert list(kept) == [jid for jid in jobs if jid in kept]  # Slurm's order kept
+    backwards = dict(reversed(jobs.items()))  # tasks split off from the meta record come in any order
+    assert array_window(backwards)[0].keys() == kept.keys() and array_window(backwards)[1] == untracked
     small = {j.job_id: j for j in (task("5", t, 2) for t in range(window_size(2)))}
     assert array_window(small) == (small, {})
     assert task_ranges([1, 2, 3, 5, 7, 8]) == "1-3,5,7-8"
