@@ -14,7 +14,7 @@ from slurm_gandiva.controller.reconcile import Reconciler
 from slurm_gandiva.controller.service import Controller
 from slurm_gandiva.model import Topology
 from slurm_gandiva.plan import Action
-from slurm_gandiva.slurm.base import SlurmJob
+from slurm_gandiva.slurm.base import HoldKind, SlurmJob
 from slurm_gandiva.store import Store
 from tests.unit.controller.controller_fakes import FakeBackend, FakeProtocol, sjob
 
@@ -96,4 +96,18 @@ def test_every_task_runs_in_task_order_within_its_throttle_and_squeue_shows_the_
             break
     assert sorted(started) == list(range(n))
     assert backend.job("9").running
+    store.close()
+
+
+def test_untracked_tasks_an_array_hold_missed_are_held_too(tmp_path: Path) -> None:
+    tasks = [task("40", t, 1, hold=HoldKind.USER) for t in range(window_size(1) + 5)]
+    backend = FakeBackend(tasks)
+    backend.hold = lambda job_id: backend.calls.append(("hold", job_id))  # type: ignore[method-assign]
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    r = Reconciler(backend, store, partitions=("gpu",), jobs_root=tmp_path, clock=time.time)
+    r.settle(backend.snapshot())
+    assert backend.calls == [("hold", "40")]
+    backend.calls.clear()
+    r.settle(backend.snapshot())  # still waiting unheld: every task is held one by one, tracked or not
+    assert sorted(backend.calls) == sorted(("hold", j.job_id) for j in tasks)
     store.close()
