@@ -9,13 +9,19 @@ array's tasks through its MAX places. The round's group caps (`selector.round.th
 tasks as Slurm counts them: `array_members`) are the safety net: they drop the starts and resumes over the
 limit as Slurm counts it (a task Slurm still tears down counts), keeping those of the tasks with the least
 attained service (never-run tasks first).
+
+A throttled array's never-run tail is tracked lazily (`array_window`): only its tasks that have run, plus
+a window of its next never-run waiting tasks in task order (`window_size`: a few times %MAX, enough to
+rotate through its places), are registered and shown to the policy; the rest are one summary per array
+(`Untracked`) until a place in the window frees (a task runs, ends or is cancelled). A 90,000-task `%1`
+array then costs a round what a few dozen jobs do, and no one else's new job waits behind its tasks.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from slurm_gandiva.model import ClusterView, JobSpec
 from slurm_gandiva.selector.round import Member
@@ -70,3 +76,75 @@ def with_array_groups(view: ClusterView, jobs: Mapping[str, SlurmJob]) -> Cluste
     groups come from `grouped_spec`."""
     caps = array_caps(jobs)
     return replace(view, group_caps=caps) if caps or view.group_caps else view
+
+
+# A throttled array's window of never-run waiting tasks: WINDOW_ROUNDS x max(%MAX, WINDOW_MIN) tasks, so the
+# policy can rotate its tasks through its places for a few rounds before the window moves on.
+WINDOW_MIN = 8
+WINDOW_ROUNDS = 4
+
+
+def window_size(max_tasks: int) -> int:
+    """How many never-run waiting tasks of an array throttled to `max_tasks` are tracked at once."""
+    return WINDOW_ROUNDS * max(max_tasks, WINDOW_MIN)
+
+
+@dataclass(frozen=True)
+class Untracked:
+    """The never-run waiting tasks of one throttled array past its window: not registered, not shown to the
+    policy, until the window reaches them."""
+
+    array_id: str
+    user: str
+    name: str
+    tasks: tuple[int, ...]  # their task ids, sorted
+
+    @property
+    def job_id(self) -> str:
+        """The tasks in Slurm's notation: "42_[100-89999]"."""
+        return f"{self.array_id}_[{task_ranges(self.tasks)}]"
+
+
+def _task_number(job_id: str) -> int:
+    tail = job_id.rpartition("_")[2]
+    return int(tail) if tail.isdigit() else -1
+
+
+def task_ranges(tasks: Sequence[int]) -> str:
+    """Sorted task ids -> Slurm's list notation: [1, 2, 3, 5] -> "1-3,5"."""
+    out: list[str] = []
+    i = 0
+    while i < len(tasks):
+        j = i
+        while j + 1 < len(tasks) and tasks[j + 1] == tasks[j] + 1:
+            j += 1
+        out.append(str(tasks[i]) if i == j else f"{tasks[i]}-{tasks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def array_window(jobs: dict[str, SlurmJob]) -> tuple[dict[str, SlurmJob], dict[str, Untracked]]:
+    """`jobs` (job id -> SlurmJob, in Slurm's order) less the never-run waiting tasks of each throttled
+    array past its window (`window_size`: the lowest task ids are tracked first), and those tasks as one
+    `Untracked` per array. Stable from round to round: a tracked task stays tracked until it runs or ends
+    (arrays never gain tasks), so its record and the policy's view of it are never dropped."""
+    tails: dict[str, list[str]] = {}
+    for jid, j in jobs.items():
+        if j.array_max_tasks > 0 and j.restart_count == 0 and j.state == "PENDING" and j.array_id:
+            tails.setdefault(j.array_id, []).append(jid)
+    drop: set[str] = set()
+    untracked: dict[str, Untracked] = {}
+    for array, tail in tails.items():
+        width = window_size(jobs[tail[0]].array_max_tasks)
+        if len(tail) <= width:
+            continue
+        nums = list(map(_task_number, tail))
+        if nums != sorted(nums):  # Slurm lists a meta record's tasks in order; split-off ones may not be
+            pairs = sorted(zip(nums, tail, strict=True))
+            nums, tail = [n for n, _ in pairs], [jid for _, jid in pairs]
+        drop.update(tail[width:])
+        first = jobs[tail[width]]
+        untracked[array] = Untracked(array, first.user, first.name, tuple(nums[width:]))
+    if not drop:
+        return jobs, {}
+    return {jid: j for jid, j in jobs.items() if jid not in drop}, untracked

@@ -133,6 +133,7 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
     """Managed jobs from Slurm (state, GPUs) joined with the store (slices, rate) and progress files."""
     from pathlib import Path
 
+    from slurm_gandiva.controller.arrays import array_window
     from slurm_gandiva.controller.claims import CLAIM_IGNORED
     from slurm_gandiva.controller.observe import held_placement, is_managed, slurm_state
     from slurm_gandiva.errors import JobFileError
@@ -142,8 +143,10 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
 
     snap = backend.snapshot()
     rows: list[QueueRow] = []
-    for sj in snap.jobs:
-        if not is_managed(sj, cfg.partitions) or sj.finished or (user and sj.user != user):
+    managed = {sj.job_id: sj for sj in snap.jobs if is_managed(sj, cfg.partitions)}
+    tracked, untracked = array_window(managed)
+    for sj in managed.values():
+        if sj.finished or (user and sj.user != user) or sj.job_id not in tracked:
             continue
         rec = store.get_job(sj.job_id)
         slices = store.slices(job_ids=[sj.job_id])
@@ -183,6 +186,10 @@ def queue_rows(cfg: Any, backend: Any, store: Any, user: str | None = None) -> l
             QueueRow(sj.job_id, sj.user, sj.name, state.value, str(placement) if placement else "-", want,
                      len(slices), rate, done, reason)
         )
+    for u in untracked.values():  # one line for an array's tail the controller does not track yet
+        if not user or u.user == user:
+            rows.append(QueueRow(u.job_id, u.user, u.name, "waiting", "-", "?", 0, None, "",
+                                 f"{len(u.tasks)} tasks not yet tracked: they follow as the array's tasks run"))
     return rows
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_gandiva.controller.act import SLICE_END_FOR, finished_job_state, finished_slice_end, job_signal
+from slurm_gandiva.controller.arrays import Untracked, array_window
 from slurm_gandiva.controller.observe import held_placement, is_managed, requested_gpu_count
 from slurm_gandiva.errors import GandivaError, JobFileError
 from slurm_gandiva.model import GpuRef, JobState, Placement, placeable
@@ -47,19 +48,31 @@ SPEC_GRACE_S = 10.0
 class ManagedJobs:
     """The managed jobs of a snapshot (`is_managed`), job id -> SlurmJob in Slurm's order, worked out once
     per snapshot: the reconciler's settle and the controller's observe read the same snapshot in a
-    round (10,000 jobs: 10-25 ms each time)."""
+    round (10,000 jobs: 10-25 ms each time). The tracked ones (`of`) leave out each throttled array's
+    never-run tail past its window (`arrays.array_window`; summarised in `untracked`)."""
 
     def __init__(self, partitions: Iterable[str]) -> None:
         self.partitions = tuple(partitions)
         self._jobs: tuple[SlurmJob, ...] | None = None  # the snapshot's jobs last filtered (held: no id reuse)
+        self._all: dict[str, SlurmJob] = {}
         self._managed: dict[str, SlurmJob] = {}
+        self.untracked: dict[str, Untracked] = {}  # array id -> its tasks past the window (last snapshot)
+
+    def _update(self, snap: Snapshot) -> None:
+        if snap.jobs is not self._jobs:
+            self._all = {j.job_id: j for j in snap.jobs if is_managed(j, self.partitions)}
+            self._managed, self.untracked = array_window(self._all)
+            self._jobs = snap.jobs
 
     def of(self, snap: Snapshot) -> dict[str, SlurmJob]:
-        """Job id -> SlurmJob of `snap`'s managed jobs (finished ones included); do not modify it."""
-        if snap.jobs is not self._jobs:
-            self._managed = {j.job_id: j for j in snap.jobs if is_managed(j, self.partitions)}
-            self._jobs = snap.jobs
+        """Job id -> SlurmJob of `snap`'s tracked managed jobs (finished ones included); do not modify it."""
+        self._update(snap)
         return self._managed
+
+    def all_of(self, snap: Snapshot) -> dict[str, SlurmJob]:
+        """Job id -> SlurmJob of all `snap`'s managed jobs, the untracked array tasks too; do not modify it."""
+        self._update(snap)
+        return self._all
 
 
 @dataclass(frozen=True)
@@ -116,6 +129,11 @@ def fair_shares(waiting: Mapping[str, int], budget: int, turn: int = 0) -> dict[
                 more.append(u)
         active = more
     return shares
+
+
+def _listed(snap: Snapshot, job_id: str) -> SlurmJob | None:
+    """The job `snap` lists as `job_id` (a linear search: for the rare job no longer managed)."""
+    return next((j for j in snap.jobs if j.job_id == job_id), None)
 
 
 def _status_outcome(files: JobFiles, owner: str) -> str | None:
@@ -176,13 +194,21 @@ class Reconciler:
         out: list[Finding] = []
         now = self.clock()
         self._nodes = tuple(snap.nodes)
+        everything = self.managed.all_of(snap)
         managed = self.managed.of(snap)
         # One read per kind of record for the round: settling a job writes only that job's records, and
         # the loop below visits each job once, so what was read stays true for the jobs not yet visited.
         records = self.store.jobs_by_id(managed)
         current = self.store.open_slices(records)
         busy = {managed[jid].array_id for jid in starting if jid in managed and managed[jid].array_id}
-        held = self._hold_arrays((j for j in managed.values() if j.array_id not in busy), out)
+        held = self._hold_arrays((j for j in everything.values() if j.array_id not in busy), out)
+        if len(everything) != len(managed):  # an untracked task an array hold missed: held one by one
+            for jid, sj in everything.items():
+                if jid not in managed and sj.pending and sj.hold is not HoldKind.ADMIN and sj.array_id not in held:
+                    try:
+                        self.backend.hold(jid)
+                    except Exception:
+                        log.exception("reconcile: job %s: admin hold failed; will retry next tick", jid)
         self._shares = fair_shares(
             Counter(sj.user for jid, sj in managed.items() if jid not in records and jid not in starting
                     and not sj.finished),
@@ -207,7 +233,7 @@ class Reconciler:
             if rec.job_id in managed or rec.job_id in starting:
                 continue
             try:
-                self._settle_vanished(rec, snap, now, out)
+                self._settle_vanished(rec, everything.get(rec.job_id) or _listed(snap, rec.job_id), now, out)
             except Exception:
                 log.exception("reconcile: job %s failed; will retry next tick", rec.job_id)
         return tuple(out)
@@ -337,9 +363,9 @@ class Reconciler:
         if sj.pending and rec.state is JobState.RUNNING:
             self.store.set_job_state(jid, JobState.SUSPENDED, at=now)
 
-    def _settle_vanished(self, rec: JobRecord, snap: Snapshot, now: float, out: list[Finding]) -> None:
-        """A job the store has as active that Slurm no longer lists managed (gone, or unmarked)."""
-        sj = next((j for j in snap.jobs if j.job_id == rec.job_id), None)
+    def _settle_vanished(self, rec: JobRecord, sj: SlurmJob | None, now: float, out: list[Finding]) -> None:
+        """A job the store has as active that Slurm no longer lists managed (gone, or unmarked), or lists as
+        an untracked array task (`sj`: what Slurm lists of it, None: nothing)."""
         if sj is not None and not sj.finished:
             return  # still there but no longer managed (comment or partition changed): leave it be
         outcome = _status_outcome(JobFiles(Path(rec.state_dir)), rec.user) if rec.state_dir else None

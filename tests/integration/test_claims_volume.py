@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gandiva.controller.arrays import window_size
 from slurm_gandiva.controller.claims import CLAIM_IGNORED
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.requeue.namespace import is_marked
@@ -105,6 +106,9 @@ def test_a_huge_array_does_not_delay_another_users_new_job(
         assert waiting > 300, waiting
         wait_for(lambda: slurm.job(jb).state == "RUNNING", 60, "B's job to get the free GPU")
         assert sum(1 for j in slurm.jobs() if j.array_id == array and j.state == "RUNNING") <= 1
+        # Only the array's window of never-run tasks (and what ran) is ever tracked, not its 600 tasks.
+        wait_for(lambda: sum(1 for r in store.list_jobs() if r.user == a) >= window_size(1), 60, "A's window")
+        assert sum(1 for r in store.list_jobs() if r.user == a) <= window_size(1) + 1
     finally:
         store.close()
         with contextlib.suppress(Exception):

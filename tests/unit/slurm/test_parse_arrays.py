@@ -12,6 +12,7 @@ its meta record, finished, lists no tasks, and a split task of it that completed
 from __future__ import annotations
 
 import json
+from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -77,6 +78,11 @@ def test_meta_record_with_brackets_and_the_throttle_in_its_task_string() -> None
     jobs = parse.parse_squeue({"jobs": [raw]})
     assert [j.job_id for j in jobs] == [f"9_{t}" for t in range(3, 12)]
     assert {j.array_max_tasks for j in jobs} == {4}
+    # Each task is the job the meta record describes under its own id (copied without __init__: cheap).
+    meta = parse.parse_job(raw)
+    assert list(jobs) == [replace(meta, job_id=f"9_{t}", array_id="9", array_max_tasks=4) for t in range(3, 12)]
+    with pytest.raises(FrozenInstanceError):
+        jobs[0].job_id = "x"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
