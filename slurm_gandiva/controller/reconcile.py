@@ -15,7 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slurm_gandiva.controller.act import SLICE_END_FOR, finished_job_state, finished_slice_end, job_signal
@@ -287,7 +287,7 @@ class Reconciler:
             return None
         self._unsatisfiable.pop(sj.job_id, None)
         rec = self.store.upsert_job(
-            job_spec,
+            replace(job_spec, account=sj.account, qos=sj.qos),  # Slurm's record holds them, not the spec
             at=now,
             state=JobState.QUEUED,
             partition=sj.partition,

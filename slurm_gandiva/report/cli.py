@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _db_options(p)
     p.add_argument("-j", "--jobs", metavar="IDS", help="comma-separated job ids")
     p.add_argument("-u", "--user", dest="users", metavar="USERS", help="comma-separated user names (root only)")
+    p.add_argument("-A", "--accounts", metavar="ACCOUNTS", help="comma-separated Slurm accounts")
     p.add_argument("-S", "--starttime", metavar="TIME", help="slices that end at or after TIME")
     p.add_argument("-E", "--endtime", metavar="TIME", help="slices that start at or before TIME")
     p.add_argument("-o", "--format", metavar="FIELDS", help="comma-separated fields, each NAME[%%WIDTH]")
@@ -96,7 +97,7 @@ def _open_store(args: argparse.Namespace) -> Store:
 def cmd_sacct(args: argparse.Namespace) -> int:
     from slurm_gandiva.report import sacct
 
-    columns = sacct.parse_format(args.format)
+    sacct.parse_format(args.format)  # a bad --format is refused before the database is opened
     now = time.time()
     start = sacct.parse_time(args.starttime, now) if args.starttime else None
     end = sacct.parse_time(args.endtime, now) if args.endtime else None
@@ -106,7 +107,8 @@ def cmd_sacct(args: argparse.Namespace) -> int:
     users = visible_users(_split(args.users), euid, me)
     with _open_store(args) as store:
         ids = with_array_tasks(store, _split(args.jobs), users)
-        slices = store.slices(job_ids=ids, users=users, start=start, end=end)
+        slices = store.slices(job_ids=ids, users=users, start=start, end=end, accounts=_split(args.accounts))
+    columns = sacct.parse_format(args.format, accounts=sacct.has_accounts(slices))
     if args.json:
         out = sacct.render_json(slices, now)
     elif args.parsable2:

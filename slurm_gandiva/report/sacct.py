@@ -20,6 +20,8 @@ class Field(enum.Enum):
 
     JOBID = ("JobID", 12)
     USER = ("User", 12)
+    ACCOUNT = ("Account", 10)
+    QOS = ("QOS", 8)
     SLICE = ("Slice", 5)
     NODELIST = ("NodeList", 15)
     GPUS = ("GPUs", 20)
@@ -52,16 +54,21 @@ DEFAULT_FIELDS = (
 )
 
 
+# Where the slices' jobs ran under accounts (accounting on), the default format shows them after User.
+DEFAULT_FIELDS_ACCOUNTS = (*DEFAULT_FIELDS[:2], Field.ACCOUNT, Field.QOS, *DEFAULT_FIELDS[2:])
+
+
 @dataclass(frozen=True)
 class Column:
     field: Field
     width: int
 
 
-def parse_format(spec: str | None) -> tuple[Column, ...]:
-    """Parse sacct's --format: comma-separated, case-insensitive names, optional %WIDTH suffix."""
+def parse_format(spec: str | None, accounts: bool = False) -> tuple[Column, ...]:
+    """Parse sacct's --format: comma-separated, case-insensitive names, optional %WIDTH suffix. No `spec`:
+    the default fields, with Account and QOS when `accounts` (some job has one: `has_accounts`)."""
     if not spec:
-        return tuple(Column(f, f.width) for f in DEFAULT_FIELDS)
+        return tuple(Column(f, f.width) for f in (DEFAULT_FIELDS_ACCOUNTS if accounts else DEFAULT_FIELDS))
     by_name = {f.header.lower(): f for f in Field}
     out = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -76,6 +83,11 @@ def parse_format(spec: str | None) -> tuple[Column, ...]:
     if not out:
         raise BadRequest("--format names no fields: use e.g. --format=JobID,Start,End")
     return tuple(out)
+
+
+def has_accounts(slices: Iterable[SliceRecord]) -> bool:
+    """Whether any slice's job ran under a Slurm account or QOS."""
+    return any(s.account or s.qos for s in slices)
 
 
 _RELATIVE = re.compile(r"^now(?:([+-])(\d+)(seconds|minutes|hours|days|weeks|s|m|h|d|w)?)?$", re.IGNORECASE)
@@ -141,6 +153,10 @@ def _cell(field: Field, s: SliceRecord, now: float, tz: tzinfo | None) -> str:
         return s.job_id
     if field is Field.USER:
         return s.user
+    if field is Field.ACCOUNT:
+        return s.account
+    if field is Field.QOS:
+        return s.qos
     if field is Field.SLICE:
         return str(s.seq)
     if field is Field.NODELIST:
@@ -214,6 +230,8 @@ def render_json(slices: Iterable[SliceRecord], now: float, tz: tzinfo | None = N
             {
                 "job_id": s.job_id,
                 "user": s.user,
+                "account": s.account,
+                "qos": s.qos,
                 "slice": s.seq,
                 "nodes": list(s.nodes),
                 "gpus": [str(g) for g in s.placement.gpus],

@@ -89,7 +89,8 @@ class JobRecord:
 class SliceRecord:
     """One uninterrupted run of a job on one placement. `end` is None while it runs.
 
-    `seq` numbers a job's slices from 1 in start order (sacct's "Slice" column).
+    `seq` numbers a job's slices from 1 in start order (sacct's "Slice" column). `user`, `account` and `qos`
+    are the job's (its registration row's), carried for the reports.
     """
 
     id: int
@@ -100,6 +101,8 @@ class SliceRecord:
     start: float
     end: float | None = None
     end_reason: SliceEnd | None = None
+    account: str = ""
+    qos: str = ""
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -201,7 +204,8 @@ class StoreApi(Protocol):
         state_dir: str | None = None,
         signal: str | None = None,
     ) -> JobRecord:
-        """Insert or update a job. None keeps the stored value (new jobs: QUEUED, "", "" and "")."""
+        """Insert or update a job. None keeps the stored value (new jobs: QUEUED, "", "" and ""); so does an
+        empty `spec.account` / `spec.qos` (a spec file names none: Slurm's record of the job is their source)."""
         ...
 
     def get_job(self, job_id: str) -> JobRecord | None: ...
@@ -243,8 +247,10 @@ class StoreApi(Protocol):
         users: Iterable[str] | None = None,
         start: float | None = None,
         end: float | None = None,
+        accounts: Iterable[str] | None = None,
     ) -> tuple[SliceRecord, ...]:
-        """Slices that overlap [start, end] (open slices count as running to now), in start order."""
+        """Slices that overlap [start, end] (open slices count as running to now), in start order; with
+        `users` / `accounts`, only those of jobs of these users / in these accounts."""
         ...
 
     # -- decisions and protocol steps -------------------------------------------------------------

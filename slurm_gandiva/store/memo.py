@@ -199,10 +199,11 @@ class MemoStore:
         users: Iterable[str] | None = None,
         start: float | None = None,
         end: float | None = None,
+        accounts: Iterable[str] | None = None,
     ) -> tuple[SliceRecord, ...]:
         with self._lock:
-            if job_ids is None or users is not None or start is not None or end is not None:
-                return self.inner.slices(job_ids=job_ids, users=users, start=start, end=end)
+            if job_ids is None or users is not None or start is not None or end is not None or accounts is not None:
+                return self.inner.slices(job_ids=job_ids, users=users, start=start, end=end, accounts=accounts)
             out = [s for _jid, history in self._histories(job_ids) for s in history]
             out.sort(key=lambda s: (s.start, s.id))
             return tuple(out)

@@ -120,7 +120,13 @@ def _v3(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE jobs ADD COLUMN suspend_signal VARCHAR(16) NOT NULL DEFAULT ''"))
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3)
+def _v4(conn: Connection) -> None:
+    """Each job's Slurm account and QOS ('' for a job registered before, or run without one)."""
+    for column in ("account", "qos"):
+        conn.execute(sa.text(f"ALTER TABLE jobs ADD COLUMN {column} VARCHAR(64) NOT NULL DEFAULT ''"))
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4)
 LATEST = len(MIGRATIONS)
 
 

@@ -38,6 +38,8 @@ class JobRow(Base):
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
     suspend_signal: Mapped[str] = mapped_column(String(16), default="")
+    account: Mapped[str] = mapped_column(String(64), default="")
+    qos: Mapped[str] = mapped_column(String(64), default="")
 
 
 class SliceRow(Base):

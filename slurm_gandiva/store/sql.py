@@ -173,18 +173,23 @@ def _job(row: Any) -> JobRecord:
         total_work=row.total_work,
         name=row.name,
         model=row.model,
+        account=row.account,
+        qos=row.qos,
     )
     return JobRecord(
         spec, JobState(row.state), row.partition, row.state_dir, row.created, row.updated, row.suspend_signal or ""
     )
 
 
-def _slice(row: Any, user: str) -> SliceRecord:
-    """A slice record from an ORM row or a plain column row with the same names."""
+def _slice(row: Any, job: Any) -> SliceRecord:
+    """A slice record from an ORM row or a plain column row with the same names, and its job's `user`,
+    `account` and `qos` (a JobRow, or the same row when it joined them)."""
     return SliceRecord(
         id=row.id,
         job_id=row.job_id,
-        user=user,
+        user=job.user,
+        account=job.account,
+        qos=job.qos,
         seq=row.seq,
         placement=Placement(gpus_from_text(row.gpus), shared=row.shared),
         start=row.start_time,
@@ -229,7 +234,7 @@ def _chunks(ids: Iterable[str]) -> Iterator[tuple[str, ...]]:
 _JOB_COLUMNS = tuple(JobRow.__table__.columns)
 _SLICE_COLUMNS = (
     SliceRow.id, SliceRow.job_id, SliceRow.seq, SliceRow.gpus, SliceRow.shared, SliceRow.start_time,
-    SliceRow.end_time, SliceRow.end_reason, JobRow.user,
+    SliceRow.end_time, SliceRow.end_reason, JobRow.user, JobRow.account, JobRow.qos,
 )
 
 
@@ -248,8 +253,9 @@ def _insert(s: Session, row: DecisionRow | StepRow | RateRow | EventRow) -> int:
     return row.id
 
 
-def _job_user(s: Session, job_id: str) -> str:
-    return s.scalar(sa.select(JobRow.user).where(JobRow.id == job_id)) or ""
+def _job_owner(s: Session, job_id: str) -> Any:
+    """The job's user, account and qos (a row with those names)."""
+    return s.execute(sa.select(JobRow.user, JobRow.account, JobRow.qos).where(JobRow.id == job_id)).one()
 
 
 CONTROLLER_LOCK_KEY = 7412002  # pg advisory lock of the running controller (7412001: schema upgrades)
@@ -508,6 +514,8 @@ class Store:
                     state_dir=state_dir or "",
                     created=at,
                     suspend_signal=signal or "",
+                    account=spec.account,
+                    qos=spec.qos,
                 )
                 s.add(row)
             else:
@@ -519,6 +527,10 @@ class Store:
                     row.state_dir = state_dir
                 if signal is not None:
                     row.suspend_signal = signal
+                if spec.account:
+                    row.account = spec.account
+                if spec.qos:
+                    row.qos = spec.qos
             row.user = spec.user
             row.name = spec.name
             row.min_gpus = spec.min_gpus
@@ -575,7 +587,7 @@ class Store:
             job = _must_get(s, JobRow, job_id, "job")
             open_row = self._open_row(s, job_id)
             if open_row is not None:
-                existing = _slice(open_row, job.user)
+                existing = _slice(open_row, job)
                 if existing.placement == placement:
                     return existing
                 raise StoreConflict(f"job {job_id} already has an open slice on {existing.placement}; close it first")
@@ -590,7 +602,7 @@ class Store:
             )
             s.add(row)
             s.flush()
-            return _slice(row, job.user)
+            return _slice(row, job)
 
     def close_slice(self, job_id: str, end: float, reason: SliceEnd) -> SliceRecord | None:
         with self._write() as s:
@@ -600,7 +612,7 @@ class Store:
             row.end_time = max(end, row.start_time)
             row.end_reason = reason.value
             s.flush()
-            return _slice(row, _job_user(s, job_id))
+            return _slice(row, _job_owner(s, job_id))
 
     def current_slice(self, job_id: str) -> SliceRecord | None:
         return self.open_slices([job_id]).get(job_id)
@@ -616,7 +628,7 @@ class Store:
         with self._engine.connect() as conn:
             for ids in _chunks(job_ids):
                 for row in conn.execute(q.where(SliceRow.job_id.in_(ids))):
-                    out[row.job_id] = _slice(row, row.user)
+                    out[row.job_id] = _slice(row, row)
         return out
 
     def slices(
@@ -626,6 +638,7 @@ class Store:
         users: Iterable[str] | None = None,
         start: float | None = None,
         end: float | None = None,
+        accounts: Iterable[str] | None = None,
     ) -> tuple[SliceRecord, ...]:
         # plain column rows, not ORM objects: several times faster for long histories (sacct)
         q = sa.select(*_SLICE_COLUMNS).join(JobRow, JobRow.id == SliceRow.job_id).order_by(
@@ -634,16 +647,19 @@ class Store:
         names = _as_tuple(users)
         if names is not None:
             q = q.where(JobRow.user.in_(names))
+        in_accounts = _as_tuple(accounts)
+        if in_accounts is not None:
+            q = q.where(JobRow.account.in_(in_accounts))
         if start is not None:
             q = q.where(sa.or_(SliceRow.end_time.is_(None), SliceRow.end_time >= start))
         if end is not None:
             q = q.where(SliceRow.start_time <= end)
         with self._engine.connect() as conn:
             if job_ids is None:
-                return tuple(_slice(row, row.user) for row in conn.execute(q).all())
+                return tuple(_slice(row, row) for row in conn.execute(q).all())
             rows = [row for ids in _chunks(job_ids) for row in conn.execute(q.where(SliceRow.job_id.in_(ids)))]
         rows.sort(key=lambda r: (r.start_time, r.id))  # the chunks' rows in one start order
-        return tuple(_slice(row, row.user) for row in rows)
+        return tuple(_slice(row, row) for row in rows)
 
     # -- decisions and protocol steps -------------------------------------------------------------
     def record_intent(self, job_id: str, action: Action, placement: Placement | None, reason: str, at: float) -> int:

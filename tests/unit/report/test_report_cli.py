@@ -56,6 +56,30 @@ def test_sacct_time_window_and_json(db: str, capsys: pytest.CaptureFixture[str])
     assert [(s["job_id"], s["slice"]) for s in doc["slices"]] == [("12", 1), ("11", 2)]
 
 
+def test_sacct_shows_and_filters_accounts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(tmp_path / "gandiva.db")
+    with Store(path) as s:
+        s.upsert_job(JobSpec("21", "alice", 1, 1, T0, account="physics", qos="normal"), at=T0)
+        s.upsert_job(JobSpec("22", "bob", 1, 1, T0 + 1, account="bio"), at=T0)
+        s.open_slice("21", Placement((GpuRef("n1", 0),)), T0 + 2)
+        s.open_slice("22", Placement((GpuRef("n1", 1),)), T0 + 3)
+    assert main(["sacct", "--db", path]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["JobID", "User", "Account", "QOS", "Slice"]
+    assert [line.split()[:4] for line in lines[2:]] == [["21", "alice", "physics", "normal"], ["22", "bob", "bio", "1"]]
+    assert main(["sacct", "--db", path, "-A", "bio", "-P", "-o", "JobID,Account"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["JobID|Account", "22|bio"]
+    assert main(["sacct", "--db", path, "--accounts", "physics,bio", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got = [(x["job_id"], x["account"], x["qos"]) for x in doc["slices"]]
+    assert got == [("21", "physics", "normal"), ("22", "bio", "")]
+
+
+def test_sacct_without_accounts_keeps_the_old_default(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sacct", "--db", db]) == 0
+    assert "Account" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "msg"),
     [

@@ -14,6 +14,7 @@ from slurm_gandiva.report.sacct import (
     Field,
     format_elapsed,
     format_time,
+    has_accounts,
     parse_format,
     parse_time,
     render_json,
@@ -125,6 +126,8 @@ def test_json_has_every_field() -> None:
     assert first == {
         "job_id": "101",
         "user": "alice",
+        "account": "",
+        "qos": "",
         "slice": 1,
         "nodes": ["n1"],
         "gpus": ["n1:0", "n1:1"],
@@ -137,3 +140,24 @@ def test_json_has_every_field() -> None:
         "reason": "quantum",
     }
     assert running["end"] is None and running["reason"] is None and running["shared"] is True
+
+
+def test_account_and_qos_columns() -> None:
+    tenants = (
+        SliceRecord(1, "201", "alice", 1, Placement((GpuRef("n1", 0),)), T0, T0 + 60, SliceEnd.DONE, "physics", "high"),
+        SliceRecord(2, "202", "bob", 1, Placement((GpuRef("n1", 1),)), T0, None, None, "bio", ""),
+    )
+    assert not has_accounts(SLICES) and has_accounts(tenants)
+    assert Field.ACCOUNT not in [c.field for c in parse_format(None)]  # accounting off: sacct's old default
+    cols = parse_format(None, accounts=True)
+    assert [c.field for c in cols][:4] == [Field.JOBID, Field.USER, Field.ACCOUNT, Field.QOS]
+    lines = render_table(tenants, cols, NOW, tz=UTC).splitlines()
+    assert lines[0].split()[:4] == ["JobID", "User", "Account", "QOS"]
+    assert lines[2].split()[:4] == ["201", "alice", "physics", "high"]
+    assert render_parsable2(tenants, parse_format("JobID,account,qos"), NOW, tz=UTC).splitlines() == [
+        "JobID|Account|QOS",
+        "201|physics|high",
+        "202|bio|",
+    ]
+    doc = json.loads(render_json(tenants, NOW, UTC))
+    assert [(x["account"], x["qos"]) for x in doc["slices"]] == [("physics", "high"), ("bio", "")]

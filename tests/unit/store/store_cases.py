@@ -236,6 +236,53 @@ class StoreCases:
             s.record_rate("41", 1, Locality.SWITCH, 3.0, 7.0)
             assert len(s.steps(intent.id)) == 1 and len(s.rates("41")) == 1
 
+    def test_v3_database_keeps_its_rows_and_gains_account_and_qos(self, store_url: str) -> None:
+        raw = sa.create_engine(normalize_url(store_url))
+        with raw.begin() as conn:
+            migrate(conn, target=3)
+            conn.execute(
+                sa.text(
+                    'INSERT INTO jobs (id, "user", name, min_gpus, max_gpus, submit_time, state, total_work,'
+                    " model, partition, state_dir, created, updated, suspend_signal) VALUES ('42', 'carol',"
+                    " 'old', 1, 1, 5.0, 'running', NULL, '', 'gpu', '/s/42', 5.0, 9.0, 'USR1')"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO slices (job_id, seq, nodes, gpus, shared, start_time, end_time, end_reason)"
+                    " VALUES ('42', 1, 'n2', 'n2:1', TRUE, 6.0, NULL, NULL)"
+                )
+            )
+        raw.dispose()
+        with Store(store_url) as s:
+            assert s.schema_version() == LATEST
+            job = s.get_job("42")
+            assert job is not None and (job.user, job.signal, job.state_dir) == ("carol", "USR1", "/s/42")
+            assert (job.spec.account, job.spec.qos) == ("", "")  # gained, empty
+            (old,) = s.slices(job_ids=["42"])
+            assert (old.placement, old.account, old.qos) == (Placement((GpuRef("n2", 1),), shared=True), "", "")
+            # the columns v4 added work on the upgraded database
+            s.upsert_job(JobSpec("42", "carol", 1, 1, 5.0, account="physics", qos="normal"), at=10.0)
+            (now,) = s.slices(job_ids=["42"])
+            assert (now.account, now.qos) == ("physics", "normal")
+
+    def test_account_and_qos_are_the_jobs(self, store: Store) -> None:
+        store.upsert_job(JobSpec("1", "alice", 1, 1, 10.0, account="physics", qos="high"), at=1.0)
+        store.upsert_job(spec("2", "bob", submit=20.0), at=1.0)  # no account: accounting off
+        first = store.open_slice("1", P1, 2.0)
+        store.open_slice("2", P2, 3.0)
+        assert (first.account, first.qos) == ("physics", "high")
+        # a spec without them (its file names none) keeps what Slurm's record gave
+        store.upsert_job(JobSpec("1", "alice", 1, 2, 10.0), at=4.0, state=JobState.RUNNING)
+        job = store.get_job("1")
+        assert job is not None and (job.spec.account, job.spec.qos, job.spec.max_gpus) == ("physics", "high", 2)
+        closed = store.close_slice("1", 5.0, SliceEnd.QUANTUM)
+        assert closed is not None and (closed.account, closed.qos) == ("physics", "high")
+        assert [(x.job_id, x.account) for x in store.slices()] == [("1", "physics"), ("2", "")]
+        assert [x.job_id for x in store.slices(accounts=["physics"])] == ["1"]
+        assert store.slices(accounts=["bio"]) == ()
+        assert store.open_slices(["2"])["2"].account == ""
+
     def test_one_controller_per_state(self, store: Store, store_url: str) -> None:
         first = store.lock_controller("pid 101 on host alpha")
         with Store(store_url) as other:
