@@ -85,3 +85,37 @@ def test_a_dropped_grow_keeps_its_gpus_from_the_take_that_counted_on_them() -> N
     ))
     caps = {("", "alice"): 2, ("", "bob"): 2}
     assert keep_to_caps(plan, view, caps, {("", "alice"): 1, ("", "bob"): 0}) == Plan()  # a0 stays on g[0]
+
+
+def test_gpus_a_tenant_cannot_use_go_to_one_with_waiting_jobs() -> None:
+    """Work-conserving: bob's one elastic job counts 4 GPUs of demand but fifo runs it on 1; alice, at her
+    cap of 4 with jobs waiting, gets the 3 idle GPUs rather than leaving them idle."""
+    topo = Topology.uniform(2, 4)
+    g = topo.all_gpus()
+    jobs = [Job(JobSpec(f"a{i}", "alice", 1, 1, 0.0), JobState.RUNNING, Placement((g[i],))) for i in range(4)]
+    jobs += [Job(JobSpec(f"a{i}", "alice", 1, 1, 0.0)) for i in range(4, 8)]
+    jobs.append(Job(JobSpec("b0", "bob", 1, 4, 0.0), JobState.RUNNING, Placement((g[4],))))
+    view = ClusterView(topo, tuple(jobs), now=600.0)
+    fair = FairShare(make_policy("fifo"))
+    assert fair.caps(view) == {("", "alice"): 4, ("", "bob"): 4}
+    plan = fair.decide(view, 600.0)
+    assert not plan.by_action(Action.SUSPEND)
+    started = [d.job_id for d in plan.by_action(Action.START)]
+    assert len(started) == 3 and all(j.startswith("a") for j in started)
+    assert not plan.apply(view).consistency_errors()
+
+
+def test_a_shortfall_no_waiting_job_fits_in_is_not_held_idle() -> None:
+    """Bob is one GPU short of his cap of 4 but his waiting job needs 2 (past his cap): the free GPU goes to
+    alice's waiting job rather than idling for him."""
+    topo = Topology.uniform(2, 4)
+    g = topo.all_gpus()
+    jobs = [Job(JobSpec(f"a{i}", "alice", 1, 1, 0.0), JobState.RUNNING, Placement((g[i],))) for i in range(4)]
+    jobs.append(Job(JobSpec("a4", "alice", 1, 1, 0.0)))
+    jobs += [Job(JobSpec(f"b{i}", "bob", 1, 1, 0.0), JobState.RUNNING, Placement((g[4 + i],))) for i in range(3)]
+    jobs.append(Job(JobSpec("b3", "bob", 2, 2, 10.0)))
+    view = ClusterView(topo, tuple(jobs), now=600.0)
+    fair = FairShare(make_policy("fifo"))
+    assert fair.caps(view) == {("", "alice"): 4, ("", "bob"): 4}
+    plan = fair.decide(view, 600.0)
+    assert [(d.action, d.job_id) for d in plan.decisions] == [(Action.START, "a4")]
