@@ -73,8 +73,12 @@ def parse_associations(out: str) -> list[_Assoc]:
 
 
 def read_tenants(assoc_out: str, qos_out: str) -> Tenants:
-    """The `Tenants` of the two sacctmgr listings (see the module docstring)."""
+    """The `Tenants` of the two sacctmgr listings (see the module docstring). A listing without the root
+    account, which every cluster's tree has, is not taken for "no shares, no limits" but as unavailable."""
     assocs = parse_associations(assoc_out)
+    if not any(a.account == "root" and not a.user for a in assocs):
+        raise AccountingUnavailable("sacctmgr listed no root association: slurmdbd is starting, stopping or "
+                                    "does not know this cluster (`sacctmgr show associations`)")
     accounts = {a.account: a for a in assocs if not a.user}
     siblings: dict[str, float] = defaultdict(float)  # parent account -> the raw shares under it
     for a in assocs:

@@ -58,7 +58,8 @@ def test_tres_gpus_reads_the_untyped_gpu_count_only() -> None:
 
 @pytest.mark.parametrize(
     ("assoc", "says"),
-    [("bio||root|lots|\n", "not a number"), ("bio||root|-1|\n", "negative"), ("bio|root\n", "fields")],
+    [("bio||root|lots|\n", "not a number"), ("bio||root|-1|\n", "negative"), ("bio|root\n", "fields"),
+     ("", "no root association"), ("bio||root|1|\n", "no root association")],
 )
 def test_a_listing_that_cannot_be_read_is_one_error(assoc: str, says: str) -> None:
     with pytest.raises(AccountingUnavailable, match=says):
