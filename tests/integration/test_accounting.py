@@ -72,7 +72,7 @@ def test_slurm_refuses_an_unknown_account_and_a_user_without_one(acct_cluster: D
 
 
 def test_the_backend_reads_shares_and_gpu_limits_from_slurmdbd(acct_cluster: DevCluster) -> None:
-    backend = make_backend(acct_cluster.env)
+    backend = make_backend(acct_cluster.env, kind="cli")
     acct_cluster.sacctmgr(["modify", "account", "bio", "set", "GrpTRES=gres/gpu=2"])
     acct_cluster.sacctmgr(["add", "qos", "tiny", "set", "GrpTRES=gres/gpu=1", "MaxTRESPerUser=gres/gpu=1"])
     try:
@@ -130,7 +130,7 @@ def test_gandiva_sbatch_submits_under_the_users_own_account(acct_cluster: DevClu
     rc, jid, err = _gandiva_sbatch(acct_cluster, TEST_USER, "-A", "physics", "--qos=normal")
     try:
         assert rc == 0 and jid.isdigit(), err
-        job = make_backend(acct_cluster.env).job(jid)
+        job = make_backend(acct_cluster.env, kind="cli").job(jid)
         assert (job.user, job.account, job.qos, job.pending) == (TEST_USER, "physics", "normal", True)
     finally:
         if jid.isdigit():

@@ -54,7 +54,7 @@ def test_two_accounts_split_gpu_time_by_their_shares_and_a_gpu_limit_holds(
     acct_cluster: DevCluster, tmp_path: Path
 ) -> None:
     a, b = ensure_user(TEST_USER), ensure_user(OTHER_USER)
-    slurm = make_backend(acct_cluster.env)
+    slurm = make_backend(acct_cluster.env, kind="cli")
     tmp_path.chmod(0o755)
     env: Env = make_env(acct_cluster, slurm, tmp_path, {"n1": (0, 1, 2), "n2": (0, 1, 2)}, "gandiva", QUANTUM,
                         "pack = no\nmigrate = no\ngrow = no")
