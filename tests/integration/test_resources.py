@@ -52,6 +52,19 @@ def env(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) -> Itera
                     slurm.cancel(j.job_id)
 
 
+def assert_no_backoff(env: Env, jobs: list[str]) -> None:
+    """No start or move of `jobs` backed off (none timed out), and no tick failed. Only the test's own jobs:
+    an earlier test's job, cancelled at its end, may fail a move of its own."""
+    store = env.store()
+    try:
+        events = store.events(kinds=[BACKOFF_EVENT])
+    finally:
+        store.close()
+    backoffs = [e for e in events if e.job_id in jobs]
+    assert not backoffs, (backoffs, jobs)
+    assert "tick failed" not in env.log_text()
+
+
 def test_a_node_whose_cpus_are_taken_is_not_offered(
     env: Env, slurm_cluster: DevCluster, slurm: SlurmBackend
 ) -> None:
@@ -86,15 +99,7 @@ def test_a_node_whose_cpus_are_taken_is_not_offered(
     wait_for(lambda: slurm.job(third).state == "RUNNING", 60, "B's job to run")
     assert time.time() - t0 < START_BOUND_S
     assert slurm.job(third).nodes == ("n2",)
-    store = env.store()
-    try:
-        events = store.events(kinds=[BACKOFF_EVENT])
-    finally:
-        store.close()
-    # Only the test's own jobs: an earlier test's job, cancelled at its end, may fail a move of its own.
-    backoffs = [e for e in events if e.job_id in {*mine, third}]
-    assert not backoffs, (backoffs, mine, third)
-    assert "tick failed" not in env.log_text()
+    assert_no_backoff(env, [*mine, third])
 
 
 def test_a_node_whose_memory_is_taken_is_not_offered(
@@ -133,12 +138,4 @@ def test_a_node_whose_memory_is_taken_is_not_offered(
     assert time.time() - t0 < START_BOUND_S
     assert slurm.job(third).nodes == ("n2",)
     assert slurm.job(third).min_memory_per_node == MEMORY_MB // CPUS_PER_NODE  # DefMemPerCPU, not the node
-    store = env.store()
-    try:
-        events = store.events(kinds=[BACKOFF_EVENT])
-    finally:
-        store.close()
-    # Only the test's own jobs: an earlier test's job, cancelled at its end, may fail a move of its own.
-    backoffs = [e for e in events if e.job_id in {*mine, third}]
-    assert not backoffs, (backoffs, mine, third)
-    assert "tick failed" not in env.log_text()
+    assert_no_backoff(env, [*mine, third])
