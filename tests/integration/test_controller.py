@@ -307,11 +307,11 @@ def test_oversubscribed_time_slicing(
     them."""
     # Gandiva's defaults: a running job keeps its GPUs until its service is `hysteresis` (one quantum) plus
     # one `service_step` (a quarter quantum) ahead of a waiting job's, then until the next aligned rotation
-    # (one quantum later at most): at most 45 s of service (start-up included) here, 25 s at least. 56 s of
-    # training each leaves a job at least 11 s, more than the 5 s finish grace, at that rotation whatever
-    # the rotation grid's phase, so the first two are really time-sliced (with 40 s, a start just after a
-    # rotation let them run to their end: CI on 25.11 and 26.05).
-    quantum, steps = 20.0, 140
+    # (one quantum later at most): at most 27 s of service (start-up included) here, 15 s at least. 36 s of
+    # training each leaves a job at least 9 s, more than the 5 s finish grace, at that rotation whatever
+    # the rotation grid's phase, so the first two are really time-sliced (with too little, a start just after
+    # a rotation let them run to their end: CI on 25.11 and 26.05).
+    quantum, steps = 12.0, 90
     contested = quantum + quantum / 4 + quantum
     env = env_factory({"n1": (0, 1)}, quantum=quantum)
     ref = reference_hash(tmp_path, steps)
