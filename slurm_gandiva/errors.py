@@ -61,6 +61,10 @@ class ProtocolError(GandivaError):
     exit_code = 6
 
 
+class LimitRefusal(ProtocolError):
+    """Slurm's accounting holds a released job back (a QOS or association limit the controller had not read)."""
+
+
 class TraceError(GandivaError):
     """A malformed trace file."""
 

@@ -31,7 +31,7 @@ from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 from typing import Protocol
 
-from slurm_gandiva.errors import GandivaError, ProtocolError
+from slurm_gandiva.errors import GandivaError, LimitRefusal, ProtocolError
 from slurm_gandiva.model import GpuRef, JobState, Placement
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.requeue.operations import Operations, OpResult, Outcome, Step, StepEvent, StepEventKind
@@ -90,6 +90,7 @@ class ActResult:
     op: OpResult | None = None
     decision_id: int | None = None
     starting: bool = False  # succeeded so far: the job starts after the round (`Actor.starting`)
+    limited: bool = False  # failed because Slurm's accounting held the job back (`LimitRefusal`)
 
     @property
     def ok(self) -> bool:
@@ -488,7 +489,7 @@ class Actor:
             self._outcome(d, did, StoreOutcome.FAILED, detail, now)
         except Exception:
             log.exception("job %s: could not record the failure", d.job_id)
-        return ActResult(d, StoreOutcome.FAILED, detail, None, did)
+        return ActResult(d, StoreOutcome.FAILED, detail, None, did, limited=isinstance(exc, LimitRefusal))
 
     def _settle_after_failure(self, d: Decision, now: float) -> None:
         """A failed move may leave the job stopped: then its slice ended (the next tick decides again)."""

@@ -404,7 +404,8 @@ class Controller:
     def _note_failures(self, results: tuple[ActResult, ...]) -> None:
         """Back off the jobs whose move failed (within the round, or a start that ran on after it and that
         Slurm refused or did not run in time), longer after each failure in a row (`backoff_delay`); the
-        wait is recorded (`backoff` event: `gandiva squeue`'s REASON). A move that succeeded ends the row."""
+        wait is recorded (`backoff` event: `gandiva squeue`'s REASON). A move that succeeded ends the row. A
+        start Slurm's accounting held back has the tenants read again, so that the limit rule knows it."""
         now = self.clock()
         for r in results:
             jid = r.decision.job_id
@@ -414,6 +415,8 @@ class Controller:
                 if not r.starting:
                     self._failures.pop(jid, None)
                 continue
+            if r.limited:  # a limit the last tenants read did not have: read them again for the next round
+                self.observer.tenants.expire()
             n = self._failures.get(jid, 0) + 1
             self._failures[jid] = n
             delay = backoff_delay(n, self.config.quantum)

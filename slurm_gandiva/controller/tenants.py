@@ -71,6 +71,10 @@ class TenantsCache:
             self._next = now + self.refresh
         return self.tenants
 
+    def expire(self) -> None:
+        """Read the tenants again at the next round (Slurm applied a limit they do not have)."""
+        self._next = float("-inf")
+
     def _failed(self, why: str, fairness: str, now: float) -> None:
         off = self.tenants is None and fairness == "none"
         self._next = now + (self.off_retry if off else self.refresh)

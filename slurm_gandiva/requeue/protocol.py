@@ -28,6 +28,7 @@ from pathlib import Path
 from slurm_gandiva.errors import (
     InvalidRequest,
     JobFileError,
+    LimitRefusal,
     PermissionDenied,
     ProtocolError,
     SlurmError,
@@ -557,9 +558,11 @@ class RequeueProtocol:
                 nudges[0] += 1
 
         def wait_running() -> str:
-            j, ok = self._wait(job_id, lambda j: phase(j) is Phase.RUNNING, self.start_timeout, nudge)
+            # A limit of Slurm's accounting lifts only when usage or the limits change: no use waiting for it.
+            j, ok = self._wait(job_id, lambda j: phase(j) is Phase.RUNNING or j.accounting_limited,
+                               self.start_timeout, nudge)
             box.append(j)
-            if ok:
+            if ok and not j.accounting_limited:
                 asked = f" (after {nudges[0]} no-op update(s) to ask slurmctld for a pass)" if nudges[0] else ""
                 return f"RUNNING on {','.join(j.nodes)}{asked}"
             if j.finished:
@@ -567,6 +570,11 @@ class RequeueProtocol:
             # Do not leave it free to start later where the controller no longer expects it.
             with contextlib.suppress(SlurmError):
                 self.backend.hold(job_id)
+            if ok:
+                raise LimitRefusal(
+                    f"job {job_id}: Slurm's accounting holds it back ({j.reason}: a QOS or association limit); "
+                    "it is held again until the controller has read the limits"
+                )
             raise ProtocolError(
                 f"job {job_id} did not start within {self.start_timeout:.0f} s (still {j.state}, {j.reason}); "
                 "it is held again: free those GPUs or pick others"

@@ -19,6 +19,10 @@ class HoldKind(enum.Enum):
     ADMIN = "admin"  # only root / SlurmUser can release it (JobHeldAdmin)
 
 
+# Reasons (job_reason_string) besides the Assoc* and QOS* limits that only an accounting change lifts.
+_ACCOUNTING_REASONS = ("AccountNotAllowed", "InvalidAccount", "InvalidQOS")
+
+
 @dataclass(frozen=True)
 class SlurmJob:
     """A job as Slurm reports it, in the project's own terms (parsed in slurm/ only)."""
@@ -52,6 +56,12 @@ class SlurmJob:
     @property
     def pending(self) -> bool:
         return self.state == "PENDING"
+
+    @property
+    def accounting_limited(self) -> bool:
+        """Pending because Slurm's accounting holds it back (a QOS or association limit, or its account or QOS
+        not allowed): it starts only once usage or the limits change, wherever its GPUs are free."""
+        return self.pending and (self.reason.startswith(("Assoc", "QOS")) or self.reason in _ACCOUNTING_REASONS)
 
     @property
     def running(self) -> bool:

@@ -7,15 +7,17 @@ The accounting cluster (`acct_cluster`, tests/integration/conftest.py) is shared
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from slurm_gandiva.devcluster.cluster import DevCluster
-from slurm_gandiva.errors import AccountingUnavailable
-from slurm_gandiva.model import GpuLimit
+from slurm_gandiva.errors import AccountingUnavailable, LimitRefusal
+from slurm_gandiva.model import GpuLimit, GpuRef, Placement
+from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm import make_backend
-from slurm_gandiva.slurm.base import SlurmBackend
+from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
 from tests.helpers import OTHER_USER, TEST_USER, run_as, wait_for
 
 pytestmark = pytest.mark.slurm
@@ -85,6 +87,44 @@ def test_the_backend_reads_shares_and_gpu_limits_from_slurmdbd(acct_cluster: Dev
         acct_cluster.sacctmgr(["modify", "account", "bio", "set", "GrpTRES=gres/gpu=-1"])
         acct_cluster.sacctmgr(["delete", "qos", "tiny"])
     assert backend.tenants().limits == ()
+
+
+def test_a_start_that_an_accounting_limit_holds_back_fails_at_once_and_is_held_again(
+    acct_cluster: DevCluster
+) -> None:
+    """physics limited to 1 GPU while one of its jobs holds one: the protocol's start of another on a free GPU
+    fails within seconds with Slurm's own reason (not after the 60-s start timeout), and the job is held again.
+    """
+    backend = make_backend(acct_cluster.env, kind="cli")
+    ids: list[str] = []
+
+    def sleeper(*options: str) -> str:
+        out = run_as(TEST_USER, ["sbatch", "--parsable", "-o", "/dev/null", f"--chdir={acct_cluster.jobs_dir}",
+                                 *options, "--wrap", "sleep 300"], acct_cluster.env)
+        assert out.returncode == 0, out.stderr
+        ids.append(out.stdout.strip().split(";")[0])
+        return ids[-1]
+
+    acct_cluster.sacctmgr(["modify", "account", "physics", "set", "GrpTRES=gres/gpu=1"])
+    try:
+        first = sleeper("--gres=gpu:1")
+        wait_for(lambda: backend.job(first).running and backend.job(first).gpus, timeout=60,
+                 what="physics's first job to run")
+        (node,) = backend.job(first).gpus
+        second = sleeper("--hold")
+        backend.hold(second)  # admin-held, as the controller keeps every job it has not started
+        other = "n2" if node == "n1" else "n1"
+        proto = RequeueProtocol(backend, start_timeout=60.0)
+        t0 = time.time()
+        with pytest.raises(LimitRefusal, match=r"accounting holds it back \((Assoc|QOS)\w+"):
+            proto.resume(second, Placement((GpuRef(other, 0),)))
+        assert time.time() - t0 < 20
+        after = backend.job(second)
+        assert after.pending and after.hold is HoldKind.ADMIN and not after.gpus
+    finally:
+        for jid in ids:
+            backend.cancel(jid)
+        acct_cluster.sacctmgr(["modify", "account", "physics", "set", "GrpTRES=gres/gpu=-1"])
 
 
 def test_a_cluster_without_accounting_says_so_in_one_line(slurm: SlurmBackend) -> None:

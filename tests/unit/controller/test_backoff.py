@@ -10,7 +10,7 @@ from pathlib import Path
 from slurm_gandiva.config import parse_config
 from slurm_gandiva.controller.cli import queue_rows
 from slurm_gandiva.controller.service import BACKOFF_EVENT, Controller
-from slurm_gandiva.errors import ProtocolError
+from slurm_gandiva.errors import LimitRefusal, ProtocolError
 from slurm_gandiva.model import Placement, Topology
 from slurm_gandiva.requeue.operations import Op, OpResult, Outcome, Step, StepRecord
 from slurm_gandiva.store import Store
@@ -98,4 +98,43 @@ def test_a_start_that_fails_after_its_round_is_backed_off_too(tmp_path: Path) ->
     clock[0] += 11
     ctl.tick()
     assert len(proto.calls) == 2
+    store.close()
+
+
+class HeldBackByALimit(FakeProtocol):
+    """A start that Slurm's accounting holds back after its round (a QOS limit the controller had not read)."""
+
+    def resume(self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None,
+               defer: bool = False) -> OpResult:
+        self._enter("resume", job_id, placement)
+
+        def rest() -> OpResult:
+            raise LimitRefusal(f"job {job_id}: Slurm's accounting holds it back (QOSGrpGRES)")
+
+        return OpResult(job_id, Op.RESUME, Outcome.STARTING, (StepRecord(Step.SET_PLACEMENT, 0.0),), placement,
+                        "", rest)
+
+
+def test_a_start_held_back_by_a_limit_has_the_tenants_read_again_at_once(tmp_path: Path) -> None:
+    clock = [1000.0]
+    backend = FakeBackend([sjob("1", submit=1.0, tres="gres:gpu:4")], clock=lambda: clock[0])
+    ctl, store = _controller(tmp_path, backend, HeldBackByALimit(backend), clock)
+    ctl.config = parse_config(f"state_dir = {tmp_path}\ntick = 1\nquantum = 30\naccounting_refresh = 600\n")
+
+    def reads() -> int:
+        return len([c for c in backend.calls if c[0] == "tenants"])
+
+    ctl.tick()
+    assert ctl.actor.wait_started(timeout=5)
+    n = reads()
+    clock[0] += 5
+    ctl.tick()  # notes the refused start
+    clock[0] += 5
+    ctl.tick()  # reads Slurm's limits again, not 600 s later
+    assert reads() == n + 1
+    (event,) = store.events(job_id="1", kinds=[BACKOFF_EVENT])
+    assert "QOSGrpGRES" in event.detail
+    clock[0] += 5
+    ctl.tick()
+    assert reads() == n + 1  # and then as configured
     store.close()

@@ -87,6 +87,7 @@ class FakeJob:
     react_after: float = 0.5
     signalled_at: float | None = None
     give_wrong_gpus: bool = False
+    limit: str = ""  # a reason of Slurm's accounting ("QOSGrpGRES") that keeps it pending, whatever is free
 
 
 @dataclass
@@ -149,6 +150,9 @@ class FakeSlurm:
             if j.state == "PENDING" and j.hold is HoldKind.NONE:
                 if now < j.begin or (self.coarse_passes and j.asked < j.begin):
                     j.reason = "BeginTime"
+                    continue
+                if j.limit:
+                    j.reason = j.limit
                     continue
                 busy = {
                     g

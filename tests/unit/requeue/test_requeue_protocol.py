@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gandiva.errors import BadRequest, PermissionDenied, ProtocolError
+from slurm_gandiva.errors import BadRequest, LimitRefusal, PermissionDenied, ProtocolError
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.gres_plan import GresKind, busy_gpus, choose_gpus, gres_for, gres_kind
 from slurm_gandiva.requeue.operations import (
@@ -247,6 +247,39 @@ def test_packed_job_keeps_its_shards_and_may_add_more(proto: RequeueProtocol, sl
     assert len(slurm.calls) == n and slurm.job("7").running
     # Another node, same GPUs: fine.
     assert proto.migrate("7", place("n2", 1, 2, shared=True)).placement == place("n2", 1, 2, shared=True)
+
+
+def test_a_start_slurms_accounting_holds_back_fails_at_once_and_is_held_again(
+    proto: RequeueProtocol, slurm: FakeSlurm, clock: FakeClock
+) -> None:
+    slurm.add(FakeJob("7", state="PENDING", hold=HoldKind.ADMIN, reason="JobHeldAdmin", gpus=(), req_gres="",
+                      limit="QOSGrpGRES"))
+    t0 = clock()
+    with pytest.raises(LimitRefusal, match=r"QOSGrpGRES.*held again"):
+        proto.resume("7", place("n1", 0))
+    assert clock() - t0 < 2.0  # not the 5-s start timeout: the limit lifts only when usage or limits change
+    job = slurm.job("7")
+    assert job.hold is HoldKind.ADMIN and not job.accounting_limited  # held again: its reason is the hold now
+    # Waiting on GPUs ("Resources") is not a limit: that start waits out its timeout.
+    slurm.add(FakeJob("8", state="PENDING", hold=HoldKind.ADMIN, reason="JobHeldAdmin", gpus=(), req_gres=""))
+    slurm.add(FakeJob("9", node="n1", gpus=(1,)))
+    t0 = clock()
+    with pytest.raises(ProtocolError, match="did not start within 5 s") as err:
+        proto.resume("8", place("n1", 1))
+    assert not isinstance(err.value, LimitRefusal) and clock() - t0 >= 5.0
+
+
+@pytest.mark.parametrize(("reason", "limited"), [
+    ("QOSGrpGRES", True), ("AssocGrpGRES", True), ("QOSMaxGRESPerUser", True), ("AssocMaxJobsLimit", True),
+    ("InvalidQOS", True), ("AccountNotAllowed", True), ("Resources", False), ("Priority", False),
+    ("JobHeldAdmin", False), ("BeginTime", False),
+])
+def test_which_pending_reasons_are_accountings(reason: str, limited: bool) -> None:
+    slurm = FakeSlurm(FakeClock())
+    slurm.add(FakeJob("7", state="PENDING", reason=reason, gpus=()))
+    assert slurm.job("7").accounting_limited is limited
+    slurm.add(FakeJob("8", state="RUNNING", reason=reason))
+    assert not slurm.job("8").accounting_limited
 
 
 def test_resume_is_idempotent_once_running(proto: RequeueProtocol, slurm: FakeSlurm) -> None:
