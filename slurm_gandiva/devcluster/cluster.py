@@ -465,6 +465,11 @@ class DevCluster:
         grant = self._acct.sql(self._acct.grant_statements())
         if grant.returncode != 0:
             raise DevClusterError(f"cannot create slurmdbd's database user ({grant.stderr.strip()})")
+        if "gandiva" not in self.start_slurmdbd():
+            self.sacctmgr(["add", "cluster", "gandiva"])
+
+    def start_slurmdbd(self) -> list[str]:
+        """Start slurmdbd (if it is not running) and wait until it answers; the clusters it knows."""
         self._start("slurmdbd", self._acct.dbd_port, ["slurmdbd"])
         clusters: list[str] = []
 
@@ -474,8 +479,11 @@ class DevCluster:
             return out.returncode == 0
 
         self._wait_for("slurmdbd", dbd_answers, DBD_START_TIMEOUT_S)
-        if "gandiva" not in clusters:
-            self.sacctmgr(["add", "cluster", "gandiva"])
+        return clusters
+
+    def stop_slurmdbd(self, *, timeout: float = 15.0) -> None:
+        """Stop slurmdbd alone (slurmctld goes on without it, as when a site's slurmdbd fails)."""
+        self._stop("slurmdbd", timeout)
 
     def _wait_for(self, daemon: str, ready: Callable[[], bool], timeout: float) -> None:
         deadline = self._clock() + timeout
@@ -603,21 +611,25 @@ class DevCluster:
         slurm = 1 + self.nodes
         # The nodes, then the controller, then slurmdbd (the controller's last records), then MariaDB.
         for daemon, _ in [*reversed(daemons[:slurm]), *daemons[slurm:]]:
-            pid = self._pid(daemon)
-            if pid is None:
-                continue
+            self._stop(daemon, timeout)
+
+    def _stop(self, daemon: str, timeout: float) -> None:
+        """SIGTERM `daemon` of this cluster (SIGKILL after `timeout`) and wait until it is gone."""
+        pid = self._pid(daemon)
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = self._clock() + timeout
+        # The daemon removes its pid file before it has exited: watch the process itself.
+        while self._clock() < deadline and self._is_ours(pid, daemon):
+            self._sleep(0.1)
+        if self._is_ours(pid, daemon):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = self._clock() + timeout
-            # The daemon removes its pid file before it has exited: watch the process itself.
-            while self._clock() < deadline and self._is_ours(pid, daemon):
-                self._sleep(0.1)
-            if self._is_ours(pid, daemon):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                while self._is_ours(pid, daemon):
-                    self._sleep(0.05)
-            self._pid_file(daemon).unlink(missing_ok=True)
+                os.kill(pid, signal.SIGKILL)
+            while self._is_ours(pid, daemon):
+                self._sleep(0.05)
+        self._pid_file(daemon).unlink(missing_ok=True)
 
     def _cancel_all_jobs(self) -> None:
         out = self._slurm(["squeue", "-h", "-o", "%i", "-t", "PENDING,RUNNING,SUSPENDED,COMPLETING,CONFIGURING"])

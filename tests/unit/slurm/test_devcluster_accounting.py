@@ -52,3 +52,26 @@ def test_sacctmgr_arguments_are_checked() -> None:
     for bad in ("-i", "a b", "x;rm", ""):
         with pytest.raises(ConfigError, match="not a valid name"):
             sacctmgr_args("account", bad)
+
+
+def test_stop_slurmdbd_stops_it_alone(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    c = DevCluster(tmp_path / "s", port_base=30000, capabilities=R24, accounting=True)
+    (c.state_dir / "run").mkdir(parents=True)
+    fake = tmp_path / "slurmdbd"
+    fake.symlink_to("/bin/sleep")
+    dbd = subprocess.Popen([str(fake), "60"], env={**os.environ, "SLURM_CONF": str(c.conf_path)})
+    other = subprocess.Popen(["/bin/sleep", "60"])
+    try:
+        (c.state_dir / "run" / "slurmdbd.pid").write_text(f"{dbd.pid}\n")
+        (c.state_dir / "run" / "mariadb.pid").write_text(f"{other.pid}\n")  # not a mariadbd: never signalled
+        assert c._pid("slurmdbd") == dbd.pid
+        c.stop_slurmdbd(timeout=5)
+        assert dbd.wait(timeout=5) != 0 and other.poll() is None
+        assert not (c.state_dir / "run" / "slurmdbd.pid").exists() and c._pid("slurmdbd") is None
+    finally:
+        for p in (dbd, other):
+            p.kill()
+            p.wait()
