@@ -91,6 +91,7 @@ class ActResult:
     decision_id: int | None = None
     starting: bool = False  # succeeded so far: the job starts after the round (`Actor.starting`)
     limited: bool = False  # failed because Slurm's accounting held the job back (`LimitRefusal`)
+    tied: bool = False  # skipped: Slurm would never start it there (`_tie_conflicts`); backed off like a failure
 
     @property
     def ok(self) -> bool:
@@ -232,6 +233,7 @@ class Actor:
         # A dependency on a move (migrate, resize, pack) is met once that job has stopped and freed its GPUs,
         # before it starts again elsewhere; one on a tie (22.05: that job must run again) only once it runs.
         hard = _tie_dependencies(ds, held, last or {}) if ties else [set() for _ in ds]
+        never = _tie_conflicts(ds, held, last or {}) if ties else {}
         results: dict[int, ActResult] = {}
         stopped: set[int] = set()  # moves whose job has stopped (their resume half runs)
         events: queue.SimpleQueue[tuple[bool, int]] = queue.SimpleQueue()  # (done, decision): stopped or done
@@ -279,11 +281,11 @@ class Actor:
                         if stopping and d.action is not Action.SUSPEND:
                             continue
                         left.discard(i)
-                        why = _blocked(d, blocked, places.get(i, ()), unstopped)
+                        why = never.get(i) or _blocked(d, blocked, places.get(i, ()), unstopped)
                         if why:
                             log.warning("job %s: %s %s", d.job_id, d.action.value, why)
                             self.store.record_event("skipped", d.job_id, f"{d.action.value}: {why}", self.clock())
-                            results[i] = ActResult(d, StoreOutcome.FAILED, why)
+                            results[i] = ActResult(d, StoreOutcome.FAILED, why, tied=i in never)
                             continue
                         wait = functools.partial(until_free, i) if early and deps[i] - freed else None
                         # A start's wait for Slurm to run it (and for a begin time) goes on after the round,
@@ -546,6 +548,38 @@ def _tie_dependencies(
             for jid, (nodes, old) in old_at.items()
             if jid != d.job_id and any(g.node in nodes and g.index in old for g in want)
         })
+    return out
+
+
+def _tie_conflicts(
+    decisions: list[Decision], held: Mapping[str, Placement], last: Mapping[str, Placement]
+) -> dict[int, str]:
+    """The resumes Slurm would never start (`ties`): a GPU of one of the job's old indices on its target node
+    is held by a job that the plan leaves there, so the job would wait, PENDING on Resources, until that one
+    stops. Each is skipped (no Slurm call, backed off like a failed start) instead of holding up the round
+    for the start timeout."""
+    moving = {d.job_id: d for d in decisions if d.action is not Action.RESUME and d.action is not Action.START}
+    out: dict[int, str] = {}
+    for i, d in enumerate(decisions):
+        before = last.get(d.job_id)
+        if d.action is not Action.RESUME or before is None or d.placement is None:
+            continue
+        old = {g.index for g in before.gpus}
+        nodes = set(d.placement.nodes)
+        for jid, p in held.items():
+            if jid == d.job_id:
+                continue
+            taken = {g for g in p.gpus if g.node in nodes and g.index in old}
+            other = moving.get(jid)
+            if other is not None and other.placement is not None:
+                taken &= set(other.placement.gpus)  # where a move or resize leaves it, it still holds them
+            elif other is not None:
+                taken = set()  # suspended: it frees them
+            if taken:
+                g = min(taken, key=lambda r: (r.node, r.index))
+                out[i] = (f"skipped: Slurm ties it to its old GPU index {g.index}, and {g} is held by job {jid}, "
+                          "which stays (it would wait on Resources until that job stops)")
+                break
     return out
 
 

@@ -409,7 +409,7 @@ class Controller:
         now = self.clock()
         for r in results:
             jid = r.decision.job_id
-            if r.decision.action is Action.SUSPEND or r.decision_id is None:
+            if r.decision.action is Action.SUSPEND or (r.decision_id is None and not r.tied):
                 continue
             if r.ok:
                 if not r.starting:

@@ -151,6 +151,30 @@ def test_a_tie_still_waits_for_the_tied_move_to_run_again() -> None:
     assert _tie_dependencies(plan, held, {}) == [set(), {0}]
 
 
+def test_a_resume_that_slurm_would_never_start_is_skipped_at_once_and_backed_off(store: Store) -> None:
+    """22.05: job 3 last ran on n1:1, which job 10 holds and keeps; resumed to n1:0 it would wait on Resources
+    until job 10 stops (the round blocked for the start timeout). It is skipped with the reason, no Slurm
+    call; a resume there once the holder is suspended in the same plan, or onto its own index, goes ahead."""
+    from slurm_gandiva.controller.act import _tie_conflicts
+
+    held = {"10": pl("n1", 1), "2": pl("n1", 0)}
+    last = {"3": pl("n1", 1)}
+    plan = [Decision(Action.SUSPEND, "2"), Decision(Action.RESUME, "3", pl("n1", 0))]
+    (why,) = _tie_conflicts(plan, held, last).values()
+    assert "old GPU index 1" in why and "job 10" in why
+    assert _tie_conflicts([*plan, Decision(Action.SUSPEND, "10")], held, last) == {}
+    assert _tie_conflicts([Decision(Action.MIGRATE, "10", pl("n2", 1)), plan[1]], held, last) == {}
+    assert _tie_conflicts([Decision(Action.RESUME, "3", pl("n2", 0))], held, last) == {}  # another node
+    # Through the actor: no protocol call for it, and its result says why and is backed off like a failure.
+    backend = setup(store, {"10": ("n1", (1,)), "2": ("n1", (0,))}, ["3"])
+    proto = FakeProtocol(backend)
+    res = actor(backend, store, proto).execute(Plan(tuple(plan)), held, last, ties=True)
+    assert [(r.decision.job_id, r.ok, r.tied) for r in res] == [("2", True, False), ("3", False, True)]
+    assert [c[1] for c in proto.calls] == ["2"]
+    res = actor(backend, store, proto).execute(Plan((plan[1],)), {"10": pl("n1", 1)}, last, ties=False)
+    assert res[0].ok  # where Slurm does not tie indices, nothing is skipped
+
+
 def test_dependencies_name_the_decisions_holding_a_target_and_allow_cycles() -> None:
     from slurm_gandiva.controller.act import _dependencies
 

@@ -138,3 +138,19 @@ def test_a_start_held_back_by_a_limit_has_the_tenants_read_again_at_once(tmp_pat
     ctl.tick()
     assert reads() == n + 1  # and then as configured
     store.close()
+
+
+def test_a_resume_skipped_for_a_tie_is_backed_off_but_one_skipped_for_anothers_failure_is_not(
+        tmp_path: Path) -> None:
+    from slurm_gandiva.controller.act import ActResult
+    from slurm_gandiva.plan import Action, Decision
+    from slurm_gandiva.store import Outcome as StoreOutcome
+
+    clock = [1000.0]
+    backend = FakeBackend([sjob("1", submit=1.0, tres="gres:gpu:4")], clock=lambda: clock[0])
+    ctl, store = _controller(tmp_path, backend, FakeProtocol(backend), clock)
+    tied = ActResult(Decision(Action.RESUME, "3"), StoreOutcome.FAILED, "skipped: Slurm ties it", tied=True)
+    other = ActResult(Decision(Action.RESUME, "4"), StoreOutcome.FAILED, "skipped: its GPUs are still held")
+    ctl._note_failures((tied, other))
+    assert set(ctl._backoff) == {"3"} and ctl._backoff["3"] == 1030.0
+    store.close()
