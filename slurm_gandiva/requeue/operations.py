@@ -32,6 +32,8 @@ class Op(enum.Enum):
     RESUME = "resume"
     MIGRATE = "migrate"
     RESIZE = "resize"
+    PARK = "park"  # in place: the job keeps its GPUs and waits, its state in host memory (`parking`)
+    UNPARK = "unpark"
 
 
 class Step(enum.Enum):
@@ -48,6 +50,8 @@ class Step(enum.Enum):
     WAIT_FREE = "wait-free"  # released ahead: until the jobs that hold its GPUs have stopped (`resume`)
     WAIT_RUNNING = "wait-running"  # until RUNNING
     VERIFY = "verify"  # Slurm's GPUs == the placement
+    WRITE_REQUEST = "write-request"  # park-request.json, root's, in the job's state directory
+    WAIT_SWITCH = "wait-switch"  # the job's report names the request: "parked", or "running" again
 
 
 class Outcome(enum.Enum):
@@ -56,6 +60,7 @@ class Outcome(enum.Enum):
     RUNNING = "running"  # running on the requested placement
     STARTING = "starting"  # set up (held until its begin time, or released): `OpResult.rest` waits until it runs
     FINISHED = "finished"  # the job ended (done, failed, cancelled) instead
+    PARKED = "parked"  # in place: holds its GPUs, computes no more, its state in host memory
 
 
 class StepEventKind(enum.Enum):

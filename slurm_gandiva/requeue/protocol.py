@@ -35,6 +35,7 @@ from slurm_gandiva.errors import (
     UnknownJob,
 )
 from slurm_gandiva.model import Placement
+from slurm_gandiva.requeue import parking
 from slurm_gandiva.requeue.contract import JobFiles
 from slurm_gandiva.requeue.gres_plan import check_placement, gres_kind, gres_refusal, node_fields, plan_gres
 from slurm_gandiva.requeue.namespace import job_paths
@@ -52,6 +53,7 @@ from slurm_gandiva.requeue.operations import (
     phase,
     placement_of,
 )
+from slurm_gandiva.requeue.parking import PARK_TIMEOUT_S
 from slurm_gandiva.requeue.safe_read import read_job_outcome
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend, SlurmJob
 from slurm_gandiva.slurm.coalesce import CoalescedReads
@@ -672,6 +674,14 @@ class RequeueProtocol:
         """Give a job another GPU count: suspend, then resume on `placement` (world-size independent ckpt);
         `signal`, `on_stopped` and `defer` as for `migrate`."""
         return self._move(Op.RESIZE, job_id, placement, signal, on_stopped, defer)
+
+    def park(self, job_id: str, *, timeout: float = PARK_TIMEOUT_S) -> OpResult:
+        """Park a running job in place: it keeps its GPUs, its state in host memory (`parking.park`)."""
+        return parking.park(self, job_id, timeout=timeout)
+
+    def unpark(self, job_id: str, *, timeout: float = PARK_TIMEOUT_S) -> OpResult:
+        """Let a parked job compute again (`parking.unpark`)."""
+        return parking.unpark(self, job_id, timeout=timeout)
 
     def _move(
         self,

@@ -30,7 +30,7 @@ MAX_TAIL_BYTES = 1 << 20  # of an append-only file (events.jsonl), only this muc
 MAX_COUNT = 1 << 53
 MAX_RATE = 1e12  # samples/s
 MAX_WORLD = 1 << 20  # training processes
-_STATES = ("running", "suspended", "done", "failed")
+_STATES = ("running", "parked", "suspended", "done", "failed")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY

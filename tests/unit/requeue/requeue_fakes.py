@@ -13,6 +13,7 @@ from pathlib import Path
 
 from slurm_gandiva.errors import InvalidRequest, PermissionDenied, UnknownJob
 from slurm_gandiva.model import Tenants
+from slurm_gandiva.requeue.contract import read_park_request
 from slurm_gandiva.slurm.accounting import UserAssociations
 from slurm_gandiva.slurm.base import HoldKind, SlurmJob, SlurmNode, Snapshot, SubmitRequest
 from slurm_gandiva.slurm.capabilities import SlurmCapabilities
@@ -87,6 +88,9 @@ class FakeJob:
     react_after: float = 0.5
     signalled_at: float | None = None
     give_wrong_gpus: bool = False
+    # What the "wrapper" does on the park signal: "obey" (handles the request in park-request.json), "ignore".
+    on_park: str = "obey"
+    park_signalled_at: float | None = None
     limit: str = ""  # a reason of Slurm's accounting ("QOSGrpGRES") that keeps it pending, whatever is free
 
 
@@ -147,6 +151,10 @@ class FakeSlurm:
                 elif j.on_signal == "finish":
                     self.write_status(j.job_id, "done")
                     j.state, j.reason, j.gpus = "COMPLETED", "None", ()
+            if j.state == "RUNNING" and j.park_signalled_at is not None and now - j.park_signalled_at >= j.react_after:
+                j.park_signalled_at = None
+                if j.on_park == "obey":
+                    self._handle_park(j)
             if j.state == "PENDING" and j.hold is HoldKind.NONE:
                 if now < j.begin or (self.coarse_passes and j.asked < j.begin):
                     j.reason = "BeginTime"
@@ -172,6 +180,20 @@ class FakeSlurm:
                 j.state, j.reason, j.node = "RUNNING", "None", j.req_node
                 j.gpus = tuple(g + 1 for g in want) if j.give_wrong_gpus else want
                 j.shared = any(n == "shard" for n, _ in j.req)
+
+    def _handle_park(self, j: FakeJob) -> None:
+        """As the wrapper: the root-owned request, then progress.json "parked" / "running" with its seq."""
+        if self.jobs_root is None:
+            return
+        d = self.jobs_root / j.job_id
+        req = read_park_request(d / "park-request.json", owner=os.geteuid(), job_id=j.job_id)
+        if req is None:
+            return
+        state = "parked" if req.action == "park" else "running"
+        prog = {"step": 10, "epoch": 0, "samples": 10, "total_samples": None, "batch_time_avg": 0.1,
+                "samples_per_s": 10.0, "world_size": 1, "updated": self.clock.t, "state": state,
+                "request_seq": req.seq, "parked_bytes": 1000 if state == "parked" else None}
+        (d / "progress.json").write_text(json.dumps(prog))
 
     def _requeue_hold(self, j: FakeJob) -> None:
         j.state, j.reason, j.hold = "PENDING", "job_requeued_in_held_state", HoldKind.USER
@@ -233,6 +255,9 @@ class FakeSlurm:
         j = self._get(job_id)
         if j.state != "RUNNING":
             raise InvalidRequest(f"job {job_id} is not running")
+        if signal_name.upper().removeprefix("SIG") == "URG":  # the park signal: the request file says what to do
+            j.park_signalled_at = self.clock.t
+            return
         j.signalled_at = self.clock.t
 
     def requeue_hold(self, job_id: str) -> None:
