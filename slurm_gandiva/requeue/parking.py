@@ -58,6 +58,9 @@ def write_root_file(jobs_root: Path, state_dir: Path, name: str, text: str, user
         for part in rel.parts:
             try:
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                raise JobFileError(f"{state_dir} does not exist yet (the job's wrapper has not started): nothing "
+                                   "to park yet") from None
             except OSError as exc:
                 raise JobFileError(f"{state_dir}: cannot open {part!r} without following a link "
                                    f"({exc.strerror}); the job's owner should restore its state directory") from None
