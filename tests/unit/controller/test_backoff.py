@@ -68,14 +68,20 @@ def test_a_failing_start_backs_off_longer_each_time_and_its_gpus_go_to_others(tm
 
 
 class RefusedLater(FakeProtocol):
-    """Sets a start up and leaves its wait to run on after the round; that wait fails as Slurm's would."""
+    """Sets a start up and leaves its wait to run on after the round; that wait fails as Slurm's would (with
+    `error(job_id)`: by default a start Slurm did not run in time)."""
+
+    def __init__(self, backend: FakeBackend, error: Callable[[str], Exception] | None = None) -> None:
+        super().__init__(backend)
+        self.error = error or (lambda j: ProtocolError(f"job {j} did not start within 60 s (still PENDING, "
+                                                       "BadConstraints)"))
 
     def resume(self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None,
                defer: bool = False) -> OpResult:
         self._enter("resume", job_id, placement)
 
         def rest() -> OpResult:
-            raise ProtocolError(f"job {job_id} did not start within 60 s (still PENDING, BadConstraints)")
+            raise self.error(job_id)
 
         return OpResult(job_id, Op.RESUME, Outcome.STARTING, (StepRecord(Step.SET_PLACEMENT, 0.0),), placement,
                         "", rest)
@@ -101,24 +107,11 @@ def test_a_start_that_fails_after_its_round_is_backed_off_too(tmp_path: Path) ->
     store.close()
 
 
-class HeldBackByALimit(FakeProtocol):
-    """A start that Slurm's accounting holds back after its round (a QOS limit the controller had not read)."""
-
-    def resume(self, job_id: str, placement: Placement, *, until_free: Callable[[], None] | None = None,
-               defer: bool = False) -> OpResult:
-        self._enter("resume", job_id, placement)
-
-        def rest() -> OpResult:
-            raise LimitRefusal(f"job {job_id}: Slurm's accounting holds it back (QOSGrpGRES)")
-
-        return OpResult(job_id, Op.RESUME, Outcome.STARTING, (StepRecord(Step.SET_PLACEMENT, 0.0),), placement,
-                        "", rest)
-
-
 def test_a_start_held_back_by_a_limit_has_the_tenants_read_again_at_once(tmp_path: Path) -> None:
     clock = [1000.0]
     backend = FakeBackend([sjob("1", submit=1.0, tres="gres:gpu:4")], clock=lambda: clock[0])
-    ctl, store = _controller(tmp_path, backend, HeldBackByALimit(backend), clock)
+    held_back = RefusedLater(backend, lambda j: LimitRefusal(f"job {j}: Slurm's accounting holds it back (QOSGrpGRES)"))
+    ctl, store = _controller(tmp_path, backend, held_back, clock)
     ctl.config = parse_config(f"state_dir = {tmp_path}\ntick = 1\nquantum = 30\naccounting_refresh = 600\n")
 
     def reads() -> int:

@@ -19,22 +19,6 @@ from slurm_gandiva.slurm.base import HoldKind
 from tests.unit.requeue.requeue_fakes import FakeClock, FakeJob, FakeSlurm
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def slurm(clock: FakeClock, tmp_path: Path) -> FakeSlurm:
-    return FakeSlurm(clock, jobs_root=tmp_path)
-
-
-@pytest.fixture
-def proto(slurm: FakeSlurm, clock: FakeClock, tmp_path: Path) -> RequeueProtocol:
-    return RequeueProtocol(slurm, suspend_timeout=10.0, start_timeout=5.0, clock=clock, sleep=clock.sleep,
-                           jobs_root=tmp_path, wall=clock)
-
-
 def running(slurm: FakeSlurm, tmp_path: Path, job_id: str = "7", **kw: object) -> FakeJob:
     (tmp_path / job_id).mkdir(exist_ok=True)
     return slurm.add(FakeJob(job_id, gpus=(0,), shared=True, **kw))  # type: ignore[arg-type]

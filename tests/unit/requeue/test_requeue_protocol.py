@@ -30,35 +30,6 @@ def place(node: str, *gpus: int, shared: bool = False) -> Placement:
     return Placement(tuple(GpuRef(node, g) for g in gpus), shared=shared)
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def slurm(clock: FakeClock, tmp_path: Path) -> FakeSlurm:
-    return FakeSlurm(clock, jobs_root=tmp_path)
-
-
-@pytest.fixture
-def events() -> list[StepEvent]:
-    return []
-
-
-@pytest.fixture
-def proto(slurm: FakeSlurm, clock: FakeClock, tmp_path: Path, events: list[StepEvent]) -> RequeueProtocol:
-    return RequeueProtocol(
-        slurm,
-        suspend_timeout=10.0,
-        start_timeout=5.0,
-        clock=clock,
-        sleep=clock.sleep,
-        journal=events.append,
-        jobs_root=tmp_path,
-        wall=clock,
-    )
-
-
 def ran(result_steps: tuple[StepRecord, ...], skipped: bool = False) -> list[Step]:
     return [s.step for s in result_steps if s.skipped is skipped]
 
