@@ -1,5 +1,6 @@
 """What the framework integrations (Lightning, Hugging Face) share with `Session`: the signal flag, the state
-directory, progress.json and the exit into the held requeue. No framework is imported here."""
+directory, progress.json, park/unpark in place (job_wrapper.park) and the exit into the held requeue. No
+framework is imported here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -17,8 +18,10 @@ from job_wrapper import checkpoint as ckpt
 from job_wrapper.agree import StopAgreement
 from job_wrapper.api import _local_state_dir, exit_suspended, rank_and_world_size
 from job_wrapper.launcher import FAST_EXIT_ENV
+from job_wrapper.park import ParkControl
 from job_wrapper.progress import Counters, ProgressReporter, append_event
 from slurm_gandiva.requeue.contract import (
+    PARK_SIGNAL,
     PROGRESS_INTERVAL_ENV,
     SIGNAL_ENV,
     STATE_DIR_ENV,
@@ -50,7 +53,8 @@ class Suspender:
     """The suspend signal as a flag (the handler does nothing else), progress.json, and the exits.
 
     `fast_exit` (default: on under gandiva-wrapper) ends a suspended process with os._exit after flushing;
-    otherwise `exit_suspended` raises SystemExit(75), which a test can catch.
+    otherwise `exit_suspended` raises SystemExit(75), which a test can catch. The controller's park request
+    (owned by `park_request_owner`, root) is read as `Session` reads it (`ParkControl`): see `boundary`.
     """
 
     def __init__(
@@ -60,9 +64,11 @@ class Suspender:
         fast_exit: bool | None = None,
         progress_interval: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        park_request_owner: int = 0,
     ) -> None:
         self.rank, self.world_size = rank_and_world_size()
         self.files = open_state_dir(state_dir)
+        self.parking = ParkControl(self.files, self.rank, owner=park_request_owner)
         self.identity = ckpt.job_identity()
         self.signal = signal_from_name(os.environ.get(SIGNAL_ENV))
         self.flag = False
@@ -86,11 +92,13 @@ class Suspender:
         return signal_from_name(os.environ.get(SIGNAL_ENV))
 
     def listen(self) -> None:
-        """Catch the suspend signal (flag only) and unblock it (the wrapper starts us with it blocked)."""
+        """Catch the suspend and park signals (flags only) and unblock them (the wrapper starts us with them
+        blocked)."""
         if self._listening or threading.current_thread() is not threading.main_thread():
             return
         signal.signal(self.signal, self._on_signal)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.signal})
+        signal.signal(PARK_SIGNAL, self.parking.on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.signal, PARK_SIGNAL})
         atexit.register(self.stop_listening)
         self._listening = True
 
@@ -104,8 +112,11 @@ class Suspender:
     def stop_listening(self) -> None:
         """Ignore the signal from now on: at interpreter teardown its default action would kill the process."""
         atexit.unregister(self.stop_listening)
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(self.signal) == self._on_signal:
-            signal.signal(self.signal, signal.SIG_IGN)
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(self.signal) == self._on_signal:
+                signal.signal(self.signal, signal.SIG_IGN)
+            if signal.getsignal(PARK_SIGNAL) == self.parking.on_signal:
+                signal.signal(PARK_SIGNAL, signal.SIG_DFL)  # ignored by default
         self._listening = False
 
     # -- agreement between ranks ---------------------------------------------------------------------------
@@ -122,6 +133,24 @@ class Suspender:
         one boundary after the first that any rank flagged). `stop` itself when the ranks are not connected.
         A collective: every rank calls it at every boundary."""
         return stop if self._agreement is None else self._agreement.agree(stop)
+
+    def boundary(self) -> tuple[bool, int]:
+        """At every batch boundary: (stop, park seq) as the ranks agree on them (`StopAgreement.decide`: the
+        suspend flag, and a new park request read after the park signal); park seq 0 when there is none to act
+        on. Without connected ranks, this process's own. A collective: every rank calls it at every boundary."""
+        seq = self.parking.wanted(self.step)
+        if self._agreement is None:
+            return self.flag, seq
+        stop, seq = self._agreement.decide(self.flag, seq)
+        return stop, seq if seq > self.parking.handled else 0
+
+    def park(self, seq: int, objects: Iterable[Any]) -> bool:
+        """Park on request `seq` at this boundary (every rank at the same one, from `boundary`): the device
+        state of `objects` (modules, optimizers) to host memory, no CPU used until the unpark request, then back
+        (job_wrapper.park). True once unparked; False when the suspend signal came while parked: the state is
+        still in host memory, for the caller to checkpoint before it exits."""
+        return self.parking.park_ranks(seq, self.step, objects, agreement=self._agreement, progress=self._progress,
+                                       suspend_requested=lambda: self.flag)
 
     def barrier(self) -> None:
         """Wait for every rank (no-op when the ranks are not connected)."""

@@ -585,22 +585,8 @@ class Session:
     def _park(self, seq: int) -> None:
         """Park here (every rank at the same boundary): see job_wrapper.park and the contract. Returns once
         unparked; a suspend signal while parked checkpoints from host memory and exits."""
-        agreement = self._agreement
-
-        def total_bytes(mine: int) -> int:
-            return mine if agreement is None else sum(agreement.gather(mine))
-
-        def on_parked(nbytes: int, seq: int) -> None:
-            if self._progress is not None:
-                self._progress.park(nbytes, seq)
-
-        def on_unparked(seq: int) -> None:
-            if self._progress is not None:
-                self._progress.unpark(seq)
-
-        if not self._parking.park(seq, self.global_step, self._objects.values(), total_bytes=total_bytes,
-                                  on_parked=on_parked, on_unparked=on_unparked,
-                                  suspend_requested=lambda: self._signalled):
+        if not self._parking.park_ranks(seq, self.global_step, self._objects.values(), agreement=self._agreement,
+                                        progress=self._progress, suspend_requested=lambda: self._signalled):
             if self.rank == 0:
                 append_event(self.files.events, "stop_requested", step=self.global_step)
             self._suspend()

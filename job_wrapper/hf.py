@@ -15,6 +15,10 @@ mini-batches of the epoch already trained and restores the RNG states.
 With several processes the ranks agree at every step end (an all-reduce MAX of the flag over gloo), so all stop
 at the same step; each writes its part of the Trainer's checkpoint, and rank 0 writes `gandiva.json` once all
 have (a barrier), after fsyncing the directory's files.
+
+On the controller's park request the ranks park at the same `on_step_end` instead (job_wrapper.park: the
+model's and optimizer's tensors to host memory, no CPU used, the same process goes on after the unpark); a
+suspend signal while parked saves from host memory and exits 75.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 class GandivaTrainerCallback(TrainerCallback):  # type: ignore[misc]
     """Suspend at a step boundary on the controller's signal through the Trainer's own save, exit 75; resume
-    from the job's newest checkpoint in `train()`. `state_dir`/`fast_exit`: as for `Session`."""
+    from the job's newest checkpoint in `train()`. Park in place on the controller's park request (the model's
+    and optimizer's device state to host memory until the unpark). `state_dir`/`fast_exit`: as for `Session`."""
 
     def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, fast_exit: bool | None = None,
                  progress_interval: float | None = None) -> None:
@@ -145,7 +150,10 @@ class GandivaTrainerCallback(TrainerCallback):  # type: ignore[misc]
                     **kwargs: Any) -> None:
         self.job.batch_done(self._per_step)
         self.job.epoch = int(state.epoch or 0)
-        if self.job.agree(self.job.flag) and self._suspending is None:
+        stop, seq = self.job.boundary()
+        if seq and not stop:
+            stop = not self.job.park(seq, _device_state(kwargs))
+        if stop and self._suspending is None:
             self.job.event("stop_requested", step=self.job.step)
             # The Trainer saves into args.output_dir: point it at the state directory for this one save.
             self._suspending = args.output_dir
@@ -170,6 +178,14 @@ class GandivaTrainerCallback(TrainerCallback):  # type: ignore[misc]
                 shutil.rmtree(old, ignore_errors=True)
             self.job.event("checkpoint", reason="suspend", step=self.job.step, path=str(path))
         self.job.exit_suspended()
+
+
+def _device_state(kwargs: dict[str, Any]) -> list[Any]:
+    """What holds the Trainer's device state, from a callback's arguments: its model (DDP's wrapper shares its
+    tensors) and optimizer, and the optimizer that accelerate's wrapper holds (its `state` is that one's)."""
+    found = [kwargs.get("model"), kwargs.get("optimizer")]
+    inner = getattr(found[1], "optimizer", None)
+    return [o for o in (*found, inner) if o is not None]
 
 
 def _fsync_tree(root: Path) -> dict[str, int]:

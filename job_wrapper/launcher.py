@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from job_wrapper.progress import append_event
 from slurm_gandiva.requeue.contract import (
@@ -329,7 +331,8 @@ def run(
     try:
         for rank, gpu in enumerate(rank_gpus):
             st.children.append(
-                subprocess.Popen(list(config.command), env=child_env(env, rank, nprocs, gpu, port, config, layout))
+                subprocess.Popen(list(config.command), env=child_env(env, rank, nprocs, gpu, port, config, layout),
+                                 stdin=subprocess.DEVNULL if config.node else None)
             )
     except OSError as exc:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -352,7 +355,10 @@ def run(
 
     codes: list[int | None] = [None] * nprocs
     first_exit: float | None = None
+    relay = _ParkRelay(sys.stdin.fileno()) if config.node else None
     while any(c.returncode is None for c in st.children):
+        if relay is not None and relay.woken():
+            on_park(PARK_SIGNAL, None)
         for i, child in enumerate(st.children):
             if child.returncode is None and child.poll() is not None:
                 codes[i] = child.returncode
@@ -432,8 +438,9 @@ def _run_across_nodes(
 ) -> int:
     """The batch wrapper of a job on several nodes: srun starts one launcher per node (`--node`, each runs its
     node's ranks); the suspend signal is forwarded through srun to every launcher once all are ready (before
-    that it would kill a launcher that has not installed its handler yet); the ranks' outcomes come back in
-    the state directory, and the batch wrapper ends the job as on one node (status, held requeue)."""
+    that it would kill a launcher that has not installed its handler yet); the park signal goes to every
+    launcher as a byte on srun's standard input (`_ParkRelay`); the ranks' outcomes come back in the state
+    directory, and the batch wrapper ends the job as on one node (status, held requeue)."""
     for node in range(nodes):
         _node_file(files, node).unlink(missing_ok=True)
     addr = master_addr(env, config.scontrol)
@@ -481,14 +488,24 @@ def _run_across_nodes(
                     child.send_signal(signum)
         append_event(files.events, "terminate", signal=name)
 
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {config.signal, *_TERMINATING})
+    def on_park(signum: int, frame: FrameType | None) -> None:
+        # srun forwards no SIGURG (only USR1 and USR2 of the signals a task could take as a wake-up, and
+        # Slurm delivers those to every process of the step: a rank without a handler would die), but it
+        # copies its standard input to every task: one byte wakes every node's launcher, whenever it reads it.
+        sent = _ParkRelay.send(st.children[0].stdin) if st.children else False
+        append_event(files.events, "park_signal", relayed=sent)
+
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {config.signal, PARK_SIGNAL, *_TERMINATING})
     signal.signal(config.signal, on_suspend)
+    signal.signal(PARK_SIGNAL, on_park)
     for sig in _TERMINATING:
         signal.signal(sig, on_terminate)
     try:
         # srun must not inherit the blocked signals: 26.05's srun keeps the mask and then forwards nothing.
-        st.children.append(subprocess.Popen(argv, env=srun_env, preexec_fn=lambda: signal.pthread_sigmask(
-            signal.SIG_UNBLOCK, {config.signal, *_TERMINATING})))
+        st.children.append(subprocess.Popen(argv, env=srun_env, stdin=subprocess.PIPE, preexec_fn=lambda: (
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {config.signal, PARK_SIGNAL, *_TERMINATING}))))
+        assert st.children[0].stdin is not None
+        os.set_blocking(st.children[0].stdin.fileno(), False)
     except OSError as exc:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _log(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
@@ -518,6 +535,44 @@ def _run_across_nodes(
         reason = f"terminated by {st.terminated_by}: {reason}"
     return _finish(files, outcome, reason, codes, env, gpus, nprocs * nodes, config, sleep=sleep, clock=clock,
                    terminated=lambda: st.terminated_by is not None)
+
+
+class _ParkRelay:
+    """The park signal's path to the launchers of a job on several nodes: the batch wrapper writes one byte to
+    srun's standard input per signal, srun copies it to every node's launcher (its tasks), and each launcher
+    forwards the park signal to its ranks when it reads one (`woken`, polled in its wait loop). Only a wake-up,
+    like the signal: the ranks read the request file themselves."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def woken(self) -> bool:
+        """Whether a byte (or several: one wake-up) came since the last call; never blocks. At end of file
+        (srun closed our standard input, or there is none) it stops looking."""
+        if self._fd is None:
+            return False
+        try:
+            readable, _, _ = select.select([self._fd], [], [], 0)
+            data = os.read(self._fd, 4096) if readable else None
+        except (OSError, ValueError):
+            data = b""
+        if data == b"":
+            self._fd = None
+            return False
+        return bool(data)
+
+    @staticmethod
+    def send(pipe: IO[bytes] | None) -> bool:
+        """One wake-up byte into srun's standard input (non-blocking: a full pipe already holds one)."""
+        if pipe is None:
+            return False
+        try:
+            os.write(pipe.fileno(), b"p")
+        except BlockingIOError:
+            return True
+        except (OSError, ValueError):
+            return False
+        return True
 
 
 def _stop_children(

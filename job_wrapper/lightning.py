@@ -18,6 +18,10 @@ With several processes (the wrapper starts one per GPU) the Trainer takes `**tra
 wrapper's processes. The ranks agree at every batch end (an all-reduce MAX of the flag over gloo), so all stop
 at the same batch. A damaged newest checkpoint is set aside: the job resumes from the one before, or starts
 fresh, with one line.
+
+On the controller's park request the ranks park at the same optimizer step instead (job_wrapper.park: the
+LightningModule's and the optimizers' tensors to host memory, no CPU used, the same process goes on after the
+unpark); a suspend signal while parked checkpoints from host memory and exits 75. The loader's workers wait.
 """
 
 from __future__ import annotations
@@ -158,7 +162,8 @@ def _loaders(iterables: Any) -> Iterable[Any]:
 
 class GandivaCallback(pl.Callback):
     """Suspend at a batch boundary on the controller's signal, checkpoint through Lightning, exit 75; resume
-    from the job's newest checkpoint in `fit()`. `state_dir`/`fast_exit`: as for `Session`."""
+    from the job's newest checkpoint in `fit()`. Park in place on the controller's park request (the module's
+    and optimizers' device state to host memory until the unpark). `state_dir`/`fast_exit`: as for `Session`."""
 
     def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, fast_exit: bool | None = None,
                  progress_interval: float | None = None) -> None:
@@ -169,6 +174,7 @@ class GandivaCallback(pl.Callback):
         self._loaders: list[ResumableLoader] = []
         self._rng: list[Any] | None = None
         self._stop = False  # the ranks agreed to stop at the next optimizer step
+        self._park_seq = 0  # the park request the ranks agreed on, acted on at the next optimizer step
 
     @property
     def checkpoint_path(self) -> Path:
@@ -252,11 +258,19 @@ class GandivaCallback(pl.Callback):
             n = batch_samples(batch) * trainer.world_size
         self.job.batch_done(n)
         self.job.epoch = trainer.current_epoch
-        # Every rank stops at the same batch (anyone's flag), and only where the optimizer stepped: accumulated
-        # gradients are not part of a checkpoint.
-        self._stop = self._stop or self.job.agree(self.job.flag)
-        if self._stop and ((batch_idx + 1) % trainer.accumulate_grad_batches == 0
-                           or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch):
+        # Every rank stops (or parks) at the same batch (anyone's flag or request), and only where the optimizer
+        # stepped: accumulated gradients are not part of a checkpoint (nor of a suspend while parked).
+        stop, seq = self.job.boundary()
+        self._stop = self._stop or stop
+        self._park_seq = max(self._park_seq, seq)
+        if not ((batch_idx + 1) % trainer.accumulate_grad_batches == 0
+                or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch):
+            return
+        if self._park_seq and not self._stop:
+            seq, self._park_seq = self._park_seq, 0
+            # The device state: the module (the strategy's DDP wrapper shares its tensors) and its optimizers.
+            self._stop = not self.job.park(seq, [pl_module, *trainer.optimizers])
+        if self._stop:
             self._suspend(trainer)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

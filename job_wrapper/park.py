@@ -17,10 +17,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from job_wrapper.progress import append_event
 from slurm_gandiva.requeue.contract import JobFiles, ParkRequest, ParkRequestError, read_park_request
+
+if TYPE_CHECKING:
+    from job_wrapper.agree import StopAgreement
+    from job_wrapper.progress import ProgressReporter
 
 PARK_RECHECK_S = 30.0  # a parked rank re-reads the request this often even without a signal (a lost signal)
 
@@ -227,3 +231,30 @@ class ParkControl:
             append_event(self.files.events, "unparked", step=step, seq=got, parked_s=round(t1 - t0, 6),
                          seconds=round(time.monotonic() - t1, 6))
         return True
+
+    def park_ranks(
+        self,
+        seq: int,
+        step: int,
+        objects: Iterable[Any],
+        *,
+        agreement: StopAgreement | None,
+        progress: ProgressReporter | None,
+        suspend_requested: Callable[[], bool],
+    ) -> bool:
+        """`park` for one of a job's ranks (Session and the framework integrations): the bytes summed over
+        `agreement` (None: a single process), "parked"/"running" reported in `progress` (rank 0's, else None)."""
+
+        def total_bytes(mine: int) -> int:
+            return mine if agreement is None else sum(agreement.gather(mine))
+
+        def on_parked(nbytes: int, seq: int) -> None:
+            if progress is not None:
+                progress.park(nbytes, seq)
+
+        def on_unparked(seq: int) -> None:
+            if progress is not None:
+                progress.unpark(seq)
+
+        return self.park(seq, step, objects, total_bytes=total_bytes, on_parked=on_parked, on_unparked=on_unparked,
+                         suspend_requested=suspend_requested)

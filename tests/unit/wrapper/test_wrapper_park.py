@@ -1,10 +1,11 @@
 """Park and unpark (issue 31): the request file's checks, and gandiva-wrapper running examples/train.py parked
-and unparked in place (real processes, CPU; no Slurm)."""
+and unparked in place (real processes, CPU; no Slurm), on one "node" and on two (a stand-in for srun)."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -177,5 +178,44 @@ def test_two_ranks_park_at_the_same_step_and_end_bit_identical(tmp_path: Path) -
     request(run, "unpark", 2)
     wait_progress(run, "running", 2)
     assert run.finish() == ExitCode.DONE, run.output()
+    m = HASH_RE.search(run.output())
+    assert m and m.group(1) == ref
+
+
+FAKE_SRUN = Path(__file__).with_name("_fake_srun.py")
+
+
+@needs_root
+def test_a_job_on_two_nodes_parks_and_unparks_on_both_promptly_and_ends_bit_identical(tmp_path: Path) -> None:
+    """The park signal reaches only the batch wrapper (as `scancel --batch` sends it); the ranks run under the
+    node launchers srun started, one a node. Both park at one step and both go on at once after the unpark
+    (a rank left to its own recheck of the request would hold the other in its next collective for 30 s)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_SRUN} "$@"\n')
+    (fake / "srun").chmod(0o755)
+    ref, _ = finish_hash(tmp_path / "ref", nprocs=2)
+    run = start(tmp_path / "park", env={"SLURM_JOB_NUM_NODES": "2", "GANDIVA_MASTER_ADDR": "127.0.0.1",
+                                        "PATH": f"{fake}:{os.environ['PATH']}"})
+    step = run.wait_step(5)
+    for turn in range(2):
+        park_seq, unpark_seq = 2 * turn + 1, 2 * turn + 2
+        request(run, "park", park_seq)
+        parked = wait_progress(run, "parked", park_seq, timeout=10.0)
+        assert parked.step >= step
+        time.sleep(0.5)
+        prog = read_progress(run.files.progress)
+        assert prog is not None and prog.step == parked.step and prog.state == "parked"
+        request(run, "unpark", unpark_seq)
+        wait_progress(run, "running", unpark_seq, timeout=10.0)
+        step = run.wait_step(parked.step + 2, timeout=10.0)
+    assert run.finish() == ExitCode.DONE, run.output()
+    events = run.events()
+    ranks = {int(p) for e in events if e["event"] == "node_start" for p in e["children"]}  # type: ignore[attr-defined]
+    assert len(ranks) == 2
+    woken = [e for e in events if e["event"] == "park_signal" and "forwarded_to" in e]
+    assert len(woken) == 8 and {int(p) for e in woken for p in e["forwarded_to"]} == ranks  # type: ignore[attr-defined]
+    assert [e["seq"] for e in events if e["event"] == "unparked"] == [2, 4]
+    assert not [e for e in events if e["event"] in ("checkpoint", "resumed")]
     m = HASH_RE.search(run.output())
     assert m and m.group(1) == ref
