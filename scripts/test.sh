@@ -5,7 +5,8 @@
 # cluster that cannot start FAILS the run, it never skips). Non-zero on any failure. Extra arguments go to pytest.
 #
 # Two releases are tested at a time, each on its own cluster and ports (GANDIVA_TEST_PORT_BASE and +1000):
-# the suite mostly waits on training jobs, so two runs take about 11 minutes where one takes 9 (2 cores).
+# the suite mostly waits on training jobs, so two runs take about 11 minutes where one takes 9 (2 cores);
+# the unit and simulator tests run beside the first two.
 # GANDIVA_TEST_PARALLEL=1 tests one release at a time. Releases after the first build in the background.
 # These runs use the CLI backend. Where 25.11 is tested, pyslurm 25.11.2 is built against it (background too)
 # and, beside the batch that tests 25.11, the pyslurm backend is tested there: the real-Slurm suite through
@@ -57,12 +58,6 @@ echo "== ruff"
 echo "== mypy"
 .venv/bin/mypy || { status=1; failed+=(mypy); }
 pytest_=(.venv/bin/pytest -ra --strict-markers -p no:cacheprovider --durations=10)
-# Folders and markers agree (tests/conftest.py stops a run where they do not): tests/unit/ needs no Slurm,
-# every test in tests/integration/ is marked slurm, pyslurm or postgres. This pass is tests/unit/ and the
-# PostgreSQL tests (they start their own server), hence the marker rather than the folder.
-echo "== pytest: unit and simulator tests"
-"${pytest_[@]}" -m "not slurm and not pyslurm" tests/ "$@" || { status=1; failed+=("unit tests"); }
-
 suite() {  # suite RELEASE PORT_BASE: the real-Slurm suite on that release's own cluster, CLI backend
   gandiva_slurm_use "$1"
   export GANDIVA_TEST_PORT_BASE=$2 GANDIVA_SLURM_BACKEND=cli
@@ -103,6 +98,24 @@ start_pyslurm() {  # the pyslurm runs, in the background beside the batch that t
     >"$logs/pytest-pyslurm-own.log" 2>&1 &
   pys_own_pid=$!
 }
+# Folders and markers agree (tests/conftest.py stops a run where they do not): tests/unit/ needs no Slurm,
+# every test in tests/integration/ is marked slurm, pyslurm or postgres. This pass is tests/unit/ and the
+# PostgreSQL tests (they start their own server), hence the marker rather than the folder.
+# They run beside the first real-Slurm batch (which mostly waits on training jobs); their log is printed once
+# that batch is done.
+echo "== pytest: unit and simulator tests running (log: $logs/pytest-unit.log)"
+("${pytest_[@]}" -m "not slurm and not pyslurm" tests/ "$@") >"$logs/pytest-unit.log" 2>&1 &
+unit_pid=$!
+unit_done() {  # wait for the unit tests once and print their log
+  [ -n "$unit_pid" ] || return 0
+  local rc=0
+  wait "$unit_pid" || rc=$?
+  unit_pid=""
+  echo "== pytest: unit and simulator tests"
+  cat "$logs/pytest-unit.log"
+  [ "$rc" -eq 0 ] || { status=1; failed+=("unit tests"); }
+}
+
 mapfile -t todo < <(echo "$releases")
 while [ ${#todo[@]} -gt 0 ]; do
   batch=("${todo[@]:0:$parallel}")
@@ -138,7 +151,9 @@ while [ ${#todo[@]} -gt 0 ]; do
     cat "$logs/pytest-$rel.log"
     [ "$rc" -eq 0 ] || { status=1; failed+=("real-Slurm tests on $rel"); }
   done
+  unit_done
 done
+unit_done
 if [ -n "$pys_suite_pid" ]; then
   suite_rc=0
   wait "$pys_suite_pid" || suite_rc=$?
