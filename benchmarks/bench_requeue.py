@@ -13,6 +13,11 @@ per cycle:
   baseline  what users do today: plain `scancel` -> GPUs free, and a plain sbatch of the same script (no
             wrapper) that resumes from its newest periodic checkpoint: resubmit -> training resumed, with
             the steps lost since that checkpoint.
+  in place  where the release has packing (`SlurmCapabilities.packing`; 23.02 on): two jobs co-held on
+            shards of one GPU take turns through park / unpark (issue 31; bench_requeue_park.py): park
+            request -> parked, unpark request -> the other job's next mini-batch, the parked job's CPU use
+            and its parked bytes, beside the requeue switch. A release without packing keeps the requeue
+            path only: nothing is measured in place.
   floors    measured in the same run: `python -c "import torch"`, and a trivial batch job's release ->
             its shell running and sbatch -> its shell running.
 Prints the tables with medians and ratios, and merges this release's medians into
@@ -36,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench_requeue_park import bench_inplace, table
 
 from job_wrapper.launcher import process_started
 from slurm_gandiva.devcluster.cluster import SCHEDULER_PARAMETERS, DevCluster
@@ -331,7 +338,9 @@ def verdict(ok: bool | None) -> str:
     return "-" if ok is None else ("PASS" if ok else "FAIL")
 
 
-def report(release: str, results: dict[str, dict[str, Any]], floors: dict[str, float | None], repeats: int) -> None:
+def report(
+    release: str, results: dict[str, dict[str, Any]], floors: dict[str, float | None], repeats: int, packing: bool
+) -> None:
     print(
         f"Slurm {release}: requeue protocol vs scancel + resubmit (plain sbatch of the same script): medians of "
         f"{repeats} cycles (load avg {os.getloadavg()[0]:.1f})"
@@ -393,6 +402,14 @@ def report(release: str, results: dict[str, dict[str, Any]], floors: dict[str, f
             f" signal -> GPUs free {fmt(free)} <= {TARGET_FREE_S} s: "
             f"{verdict(None if free is None else free <= TARGET_FREE_S)}"
         )
+    print()
+    if packing:
+        print("\n".join(table(results, repeats)))
+    else:
+        print(
+            f"in-place switch: Slurm {release} has no packing (SlurmCapabilities.packing is false): the release "
+            "keeps the requeue path only; nothing measured in place"
+        )
 
 
 # The baseline's figure that stands beside each resume phase (it has no protocol, release or wrapper).
@@ -414,6 +431,7 @@ def merged_results(path: Path, release: str, entry: dict[str, Any]) -> dict[str,
     first = next(iter(src["sizes"].values()))
     suspend_s = first["suspend"].get("signal_to_gpus_free_s")
     resume_s = first["move"].get("resume_to_training_s")
+    inplace = first.get("inplace") or {}
     return {
         "what": "medians per Slurm release; protocol = gandiva requeue protocol, baseline = scancel + plain "
         "resubmit; benchmarks/bench_requeue.py",
@@ -425,6 +443,9 @@ def merged_results(path: Path, release: str, entry: dict[str, Any]) -> dict[str,
             "suspend_s": suspend_s,
             "resume_s": resume_s,
             "migrate_s": (suspend_s + resume_s) if suspend_s is not None and resume_s is not None else None,
+            # The in-place switch (issue 31; only where the release has packing): park request -> parked,
+            # unpark request -> the job training again (its next mini-batch done).
+            **{k: inplace[k] for k in ("park_s", "unpark_s") if inplace.get(k) is not None},
         },
     }
 
@@ -452,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster.up()
     slurm = make_backend(cluster.env)
     release = cluster.capabilities.release_text
+    packing = cluster.capabilities.packing
     jobs = cluster.jobs_dir / f"bench-{int(time.time())}"
     jobs.mkdir()
     results: dict[str, dict[str, Any]] = {}
@@ -471,11 +493,13 @@ def main(argv: list[str] | None = None) -> int:
                 "baseline": base.medians(),
                 "repeats": args.repeats,
             }
+            if packing:
+                results[size]["inplace"] = bench_inplace(slurm, jobs, size, train_args(size, []), args.repeats)
     finally:
         if not args.keep:
             cluster.down()
 
-    report(release, results, floors, args.repeats)
+    report(release, results, floors, args.repeats, packing)
     entry = {
         "scheduler_parameters": args.scheduler_parameters,
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -483,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
         "backend": type(slurm).__name__,
+        "packing": packing,
         "floors": floors,
         "sizes": results,
     }
