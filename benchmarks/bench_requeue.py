@@ -22,7 +22,7 @@ per cycle:
             its shell running and sbatch -> its shell running.
 Prints the tables with medians and ratios, and merges this release's medians into
 benchmarks/results/requeue.json (one entry per Slurm release; the simulator's suspend/resume/migrate
-overheads come from the default release's entry).
+and park/unpark overheads come from the default release's entry).
 
     sudo .venv/bin/python benchmarks/bench_requeue.py [--repeats 3] [--sizes small,large]
 """
