@@ -4,6 +4,8 @@ Two jobs (examples/train.py under gandiva-wrapper) co-hold one GPU, each on a sh
 `RequeueProtocol.resume` with a shared placement), and take turns: each switch is a park of the computing
 job A and an unpark of the parked job B, both through the protocol. Per switch:
   park_s            the park request (the protocol's call) -> A's own "parked" event
+  *_signal_s        of it, the protocol's SIGNAL step: the park signal to the batch shell through Slurm
+                    (`scancel --signal`), a Slurm call although no Slurm state changes
   unpark_running_s  the unpark request -> B's own "unparked" event (its state back, about to compute)
   unpark_s          the unpark request -> B's next mini-batch done (its first progress report past the
                     step it parked at; reports every PROGRESS_INTERVAL_S: that is the resolution)
@@ -27,7 +29,7 @@ from typing import Any
 from job_wrapper.progress import read_events
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JOB_MARK, JobFiles, Progress, read_progress
-from slurm_gandiva.requeue.operations import Outcome
+from slurm_gandiva.requeue.operations import Outcome, Step
 from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import SlurmBackend, SubmitRequest
 
@@ -40,6 +42,8 @@ SHARED_GPU = GpuRef("n1", 1)  # away from the requeue job's g0 and the floors' n
 KEYS = (
     "park_s",
     "park_call_s",
+    "park_signal_s",
+    "unpark_signal_s",
     "unpark_running_s",
     "unpark_s",
     "switch_s",
@@ -120,7 +124,9 @@ def table(results: Mapping[str, Mapping[str, Any]], repeats: int) -> list[str]:
     lines.append("in place, where it goes (medians):")
     for key, what in (
         ("park_call_s", "park: the protocol's call -> it returns (saw A parked)"),
+        ("park_signal_s", "of it, the park signal through Slurm (scancel --signal)"),
         ("unpark_running_s", "unpark request -> B's state back (its 'unparked' event)"),
+        ("unpark_signal_s", "of it, the unpark signal through Slurm (scancel --signal)"),
     ):
         lines.append(
             f"  {what:<66}" + "".join(f"{_f((r.get('inplace') or {}).get(key)):>12}" for r in results.values())
@@ -227,6 +233,10 @@ def bench_inplace(slurm: SlurmBackend, jobs: Path, size: str, train_args: list[s
             )
             s["park_s"].append(parked["time"] - t0)
             s["park_call_s"].append(res.seconds)
+            for key, op in (("park_signal_s", res), ("unpark_signal_s", back)):
+                sig = op.step(Step.SIGNAL)
+                if sig is not None:
+                    s[key].append(sig.seconds)
             s["unpark_running_s"].append(unparked["time"] - t1)
             s["unpark_s"].append(nxt.updated - t1)
             s["switch_s"].append(nxt.updated - t0)
