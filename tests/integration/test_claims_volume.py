@@ -37,7 +37,8 @@ def env(
                 slurm.cancel(j.job_id)
     gpus, quantum, extra = request.param
     tmp_path.chmod(0o755)
-    e = make_env(slurm_cluster, slurm, tmp_path, gpus, "gandiva", quantum, "pack = no\nmigrate = no\ngrow = no")
+    e = make_env(slurm_cluster, slurm, tmp_path, gpus, "gandiva", quantum,
+                 "pack = no\nmigrate = no\ngrow = no\nservice_ratio = 0")  # round robin: rotates every quantum
     text = e.conf.read_text().replace("[policy]", f"{extra}\n[policy]")
     e.conf.write_text(text)
     e.conf.chmod(0o644)
