@@ -13,9 +13,15 @@ users have without us; strict `fifo` is a column beside it), then PASS/FAIL for 
   5. Gandiva cuts time to first 100 mini-batches >= 4x against Slurm at load >= 1.0 (mean over traces)
   6. default within 5% of AFS-L on average JCT (mean over traces)
   7. default within 10% of Gandiva on time to first feedback (mean over traces)
+  8. (issue 31) Gandiva's average JCT ratio to Slurm <= 0.45 (geo-mean), keeping its early-feedback lead
+     (criterion 5); Gandiva no worse than Slurm in average JCT on any trace; its p99 JCT within 1.2x of
+     Slurm's (geo-mean); for each Gandiva column run (`gandiva`, and `gandiva+park` with --park gandiva)
+
+`--park P1,P2` also runs those policies with the co-held switch (`SimConfig.park`: a switch between two jobs
+on the same GPUs parks and unparks in place, at requeue.json's park/unpark costs) as columns `P+park`.
 
 Usage: .venv/bin/python benchmarks/bench_policies.py [--procs 2] [--jobs 500] [--vcs ...] [--loads ...]
-       [--policies ...] [--json FILE]
+       [--policies ...] [--park gandiva] [--json FILE]
 """
 
 from __future__ import annotations
@@ -39,13 +45,16 @@ VCS = ("2869ce", "0e4a51", "7f04ca", "ee9e8c")
 LOADS = (1.0, 1.5)
 
 
+PARK = "+park"  # column suffix of a policy run with the co-held switch
+
+
 def run_one(
     vc: str, load: float, jobs: int, policy: str, seed: int, overheads: Overheads
 ) -> tuple[str, float, str, dict[str, float], float]:
     trace = load_philly(vc=vc, jobs=jobs, load=load)
-    pol = make_policy(policy)
+    pol = make_policy(policy.removesuffix(PARK))
     t0 = time.perf_counter()
-    res = Simulator(trace, pol, SimConfig(seed=seed, overheads=overheads)).run()
+    res = Simulator(trace, pol, SimConfig(seed=seed, overheads=overheads, park=policy.endswith(PARK))).run()
     wall = time.perf_counter() - t0
     s = Summary.of(res)
     return vc, load, policy, asdict(s), wall
@@ -63,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vcs", default=",".join(VCS))
     ap.add_argument("--loads", default=",".join(str(x) for x in LOADS))
     ap.add_argument("--policies", default=",".join(POLICY_NAMES))
+    ap.add_argument("--park", default="", help="also run these policies with the co-held switch (columns P+park)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write every run's summary to this file")
     ap.add_argument(
@@ -77,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     vcs = args.vcs.split(",")
     loads = [float(x) for x in args.loads.split(",")]
     policies = args.policies.split(",")
+    policies += [p + PARK for p in args.park.split(",") if p]
     if args.guess_overheads:
         overheads = Overheads()
     elif args.overheads:
@@ -85,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         overheads = Overheads.default()
     print(
         f"overheads from {overheads.source}: start {overheads.start:.1f} s, suspend {overheads.suspend:.1f} s,"
-        f" resume {overheads.resume:.1f} s, migrate/resize/pack {overheads.cost(Action.MIGRATE):.1f} s"
+        f" resume {overheads.resume:.1f} s, migrate/resize/pack {overheads.cost(Action.MIGRATE):.1f} s,"
+        f" park {overheads.park:.3f} s, unpark {overheads.unpark:.3f} s"
     )
     tasks = [(vc, load, args.jobs, p, args.seed, overheads) for vc in vcs for load in loads for p in policies]
     results: dict[tuple[str, float, str], dict[str, float]] = {}
@@ -102,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     # simulation) then gives complete traces.
     cost = {"fifo": 0, "slurm": 0, "srtf": 1, "afs-l": 2, "afs-p": 3, "tiresias": 4, "default": 5, "gandiva": 6}
     order = {(vc, ld): i for i, (vc, ld) in enumerate((vc, ld) for ld in loads for vc in vcs)}
-    todo.sort(key=lambda t: (order[(t[0], t[1])], cost.get(t[3], 9)))
+    todo.sort(key=lambda t: (order[(t[0], t[1])], cost.get(t[3].removesuffix(PARK), 9), t[3]))
     t0 = time.perf_counter()
     if todo:
         with ProcessPoolExecutor(max_workers=args.procs) as pool:
@@ -174,6 +186,7 @@ def report(
         "9.1f",
         "6.4f",
     )
+    table(f"p99 JCT (hours) and ratio to {ref}", "p99_jct", ref, 3600, "8.1f")
 
     print("\nOther figures (mean over the traces run): utilisation %, suspends / migrations / resizes per job")
     for p in policies:
@@ -183,11 +196,12 @@ def report(
             continue
 
         def avg(field: str, keys: list[tuple[str, float, str]] = keys) -> float:
-            return sum(float(results[k][field]) for k in keys) / len(keys)
+            return sum(float(results[k].get(field, 0.0)) for k in keys) / len(keys)
 
         unfinished = sum(int(results[k]["jobs"]) - int(results[k]["finished"]) for k in keys)
         print(
             f"  {p:<9} util {100 * avg('gpu_utilisation'):5.1f}%  susp {avg('suspends_per_job'):8.2f}"
+            f"  park {avg('parks_per_job'):7.2f}"
             f"  migr {avg('migrations_per_job'):6.2f}  resize {avg('resizes_per_job'):6.2f}"
             f"  sim wall {sum(walls[k] for k in keys):7.1f} s over {len(keys)} runs  unfinished jobs {unfinished}"
         )
@@ -240,6 +254,22 @@ def report(
             f"default/gandiva {ttf['default'] / ttf['gandiva']:.3f}",
         ),
     ]
+    for col in (g for g in ("gandiva", "gandiva" + PARK) if g in policies):
+        ours = [(vc, ld) for vc, ld in complete if (vc, ld, col) in results]
+        if not ours:
+            continue
+        ratio = geo([val(vc, ld, col, "avg_jct") / val(vc, ld, "slurm", "avg_jct") for vc, ld in ours])
+        lead = geo([val(vc, ld, col, "avg_time_to_feedback") / val(vc, ld, "slurm", "avg_time_to_feedback")
+                    for vc, ld in ours if ld >= 1.0])
+        worst = max(ours, key=lambda t: val(t[0], t[1], col, "avg_jct") / val(t[0], t[1], "slurm", "avg_jct"))
+        w = val(*worst, col, "avg_jct") / val(*worst, "slurm", "avg_jct")
+        p99 = geo([val(vc, ld, col, "p99_jct") / val(vc, ld, "slurm", "p99_jct") for vc, ld in ours])
+        checks += [
+            (f"{col}: avg JCT / slurm <= 0.45 (issue 31)", ratio <= 0.45, f"{ratio:.2f}x"),
+            (f"{col}: first-100 lead kept (>= 4x, issue 31)", lead <= 0.25, f"{1 / lead:.1f}x"),
+            (f"{col}: no trace worse than slurm in avg JCT", w <= 1.0, f"worst {worst[0]} x{worst[1]} {w:.2f}x"),
+            (f"{col}: p99 JCT within 1.2x of slurm", p99 <= 1.2, f"{p99:.2f}x"),
+        ]
     for name, ok, detail in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {name:<52} {detail}")
     if len(complete) < len(traces):
@@ -252,7 +282,7 @@ def _dump(
     with open(path, "w") as fh:
         json.dump(
             [
-                {"vc": vc, "load": ld, "policy": p, "wall_s": walls[(vc, ld, p)], **results[(vc, ld, p)]}
+                {**results[(vc, ld, p)], "vc": vc, "load": ld, "policy": p, "wall_s": walls[(vc, ld, p)]}
                 for vc, ld, p in results
             ],
             fh,

@@ -405,6 +405,23 @@ class Tenants:
 
 
 @dataclass(frozen=True)
+class CoHold:
+    """Co-held placements (issue 31): a job may park instead of stopping. A parked job keeps a shard of each
+    of its GPUs and its device state in host memory, and waits in its process; up to a node's `shards` jobs
+    with the same GPUs co-hold them, at most one of them computing (the one holding them in its placement).
+    To every policy rule a parked job is a suspended job; only the round's last rule (`selector.cohold`)
+    turns a switch within a group into a park and an unpark.
+
+    `parked`: job id -> the GPUs it co-holds while parked. `state_bytes`: job id -> device state per GPU
+    (bytes) it would keep in host memory parked (a job not named cannot park). `host_bytes`: node -> host
+    memory its parked jobs may use in all."""
+
+    parked: Mapping[str, Placement] = field(default_factory=dict)
+    state_bytes: Mapping[str, int] = field(default_factory=dict)
+    host_bytes: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """An immutable snapshot of the cluster and the managed jobs: the input of every policy.
 
@@ -418,7 +435,8 @@ class ClusterView:
     nodes gets the same GPU indices on every node, as many on each (Slurm's gres request is per node);
     placements across nodes are then only such even spans (the simulator may place freely). `tenants`: the
     accounts' shares and GPU limits from Slurm's accounting (None: not read; the fair-share layer then
-    uses its own configured shares).
+    uses its own configured shares). `co_hold`: co-held placements are allowed (`CoHold`); None, the live
+    controller's view until it can carry out a park, leaves every plan as it was.
     """
 
     topology: Topology
@@ -429,6 +447,7 @@ class ClusterView:
     group_caps: Mapping[str, int] = field(default_factory=dict)
     same_gpus_per_node: bool = False
     tenants: Tenants | None = None
+    co_hold: CoHold | None = None
 
     def group_cap(self, job: Job) -> int | None:
         """The most jobs of `job`'s group that may run at once (None: no cap)."""

@@ -19,15 +19,20 @@ class Action(enum.Enum):
     RESIZE = "resize"  # running -> running on another GPU count
     PACK = "pack"  # running -> running on a shard of a GPU shared with another job
     UNPACK = "unpack"  # running on a shard -> running on whole GPUs
+    # Co-held GPUs (`ClusterView.co_hold`): a switch in place, no Slurm call, no new process.
+    PARK = "park"  # running -> parked: device state to host memory, keeps a shard of its GPUs
+    UNPARK = "unpark"  # parked -> running on the GPUs it co-holds
 
 
 # The order a mechanism carries a plan out in: free GPUs before taking them.
 EXECUTION_ORDER = (
     Action.SUSPEND,
+    Action.PARK,
     Action.RESIZE,
     Action.MIGRATE,
     Action.UNPACK,
     Action.PACK,
+    Action.UNPARK,
     Action.RESUME,
     Action.START,
 )
@@ -35,7 +40,8 @@ EXECUTION_ORDER = (
 
 @dataclass(frozen=True)
 class Decision:
-    """One step for one job. `placement` is the target (None for SUSPEND)."""
+    """One step for one job. `placement` is the target (None for SUSPEND and PARK). A SUSPEND of a parked
+    job (`ClusterView.co_hold`) requeues it off the GPUs it co-holds."""
 
     action: Action
     job_id: str
@@ -135,7 +141,9 @@ def apply_decision(job: Job, d: Decision, now: float) -> Job:
     failed = job.failed_trials
     if d.revert and job.trial is not None:
         failed = failed | {job.trial.kind}
-    if d.action is Action.SUSPEND:
+    if d.action in (Action.SUSPEND, Action.PARK):
+        if job.state is not JobState.RUNNING:
+            return job  # a parked job leaves its co-held GPUs: to the policies it was suspended already
         return job.evolve(
             failed_trials=failed,
             state=JobState.SUSPENDED,

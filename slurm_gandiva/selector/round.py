@@ -27,6 +27,9 @@ dropped is in the outcome for the caller to log. The rules, in this order:
    shrinks free first; the least served take first). A waiting job that asks more than a limit over it
    allows can never start: it is not shown to the policy (its GPUs go to others) and the outcome names it
    with why (`over_limit`), for the caller to tell its user.
+5. Co-held switch (`selector.cohold.co_held`): only where the view allows co-held placements
+   (`ClusterView.co_hold`, off in the live controller's view), a switch between two jobs on the same GPUs
+   becomes a park and an unpark.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import NamedTuple
 from slurm_gandiva.model import ClusterView, GpuLimit, GpuRef, Job, JobState
 from slurm_gandiva.plan import Action, Plan
 from slurm_gandiva.selector.base import Policy
+from slurm_gandiva.selector.cohold import co_held
 
 _TAKES = (Action.START, Action.RESUME)
 # How long a job may take to exit after its last sample (final checkpoint, process teardown) and still be
@@ -110,6 +114,7 @@ def run_round(policy: Policy, view: ClusterView, inputs: RoundInputs | None = No
     plan, throttled = throttle_groups(plan, view, members)
     plan, held = without_backoff(plan, inputs.backoff, view.now)
     plan, limited = limit_gpus(plan, view)
+    plan = co_held(plan, view)
     return RoundOutcome(plan, decided, spared, throttled, held, overdue, limited, over_limit)
 
 

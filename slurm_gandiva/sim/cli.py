@@ -92,8 +92,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the model draw and of the policies")
     p.add_argument("--out", type=Path, help="write JSON/CSV results and PNG plots here")
     p.add_argument("--overheads", type=Path, help="JSON of overheads (see below)")
-    for name in ("start", "suspend", "resume", "migrate", "resize", "pack"):
+    for name in ("start", "suspend", "resume", "migrate", "resize", "pack", "park", "unpark"):
         p.add_argument(f"--{name}-cost", type=float, metavar="S", help=f"seconds a {name} costs")
+    p.add_argument(
+        "--park", action="store_true", help="co-held GPUs: a switch between two jobs on the same GPUs parks in place"
+    )
     p.add_argument("--interference", type=float, default=0.3, help="slow-down of packed jobs (default 0.3)")
     p.add_argument(
         "--locality-penalty", type=float, default=0.05, help="slow-down per worse locality level (default 0.05)"
@@ -153,7 +156,7 @@ def _overheads(args: argparse.Namespace) -> Any:
     base = Overheads.from_file(args.overheads) if args.overheads else Overheads.default()
     changes = {
         n: getattr(args, f"{n}_cost")
-        for n in ("start", "suspend", "resume", "migrate", "resize", "pack")
+        for n in ("start", "suspend", "resume", "migrate", "resize", "pack", "park", "unpark")
         if getattr(args, f"{n}_cost") is not None
     }
     for n, v in changes.items():
@@ -209,6 +212,7 @@ def _main(args: argparse.Namespace) -> int:
         seed=args.seed,
         elastic=args.elastic,
         max_time=args.max_time,
+        park=args.park,
     )
     groups = trace.groups
     grouped = f", {len(groups)} job group(s) ({len(trace.group_caps)} capped)" if groups else ""

@@ -20,6 +20,10 @@ bookkeeping the controller uses, charging modelled overheads:
 - GPUs given up by a suspend (or left behind by a migrate/resize) stay busy for the suspend cost
   (the checkpoint is being written): a job placed on them waits for that first.
 - A packed job runs `interference` slower while another job holds a shard of one of its GPUs.
+- With `SimConfig.park` (co-held GPUs, sim/cohold.py; the round's `selector.cohold` rule), a job that
+  parks frees its GPUs after `Overheads.park` and keeps a shard of each; unparked, it trains again after
+  `Overheads.unpark` (no start-up, no launch). A parked job requeued off its GPUs, or resumed elsewhere,
+  first pays the suspend (its checkpoint), counted as a suspend.
 - Start-up also grows by `Overheads.per_gpu` per GPU beyond the first (a process each) and by `crowd` per
   other job starting in the same round. Service (what LAS compares) counts from `launch` after the
   decision and through a suspend, as the controller's slices open when Slurm runs the job and close
@@ -33,109 +37,36 @@ round's rules, group caps among them); a plan still over a cap is rejected like 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from types import MappingProxyType
 
-from slurm_gandiva.errors import ConfigError
 from slurm_gandiva.model import STARTUP_GRACE_S, ClusterView, Job, JobSpec, JobState, Placement, RateTable, Topology
 from slurm_gandiva.plan import Action, Decision, Plan, apply_decision
 from slurm_gandiva.profiles import MODEL_NAMES, ModelProfile, load_profiles
 from slurm_gandiva.selector.base import Policy
 from slurm_gandiva.selector.common import next_rotation
 from slurm_gandiva.selector.round import Claim, RoundInputs, run_round
+from slurm_gandiva.sim.cohold import ParkedJobs
 from slurm_gandiva.sim.models import SpeedModel
+from slurm_gandiva.sim.overheads import REQUEUE_RESULTS as REQUEUE_RESULTS  # re-exported: its old home
+from slurm_gandiva.sim.overheads import Overheads as Overheads
 from slurm_gandiva.sim.trace import Trace
 
 # Policies that get elastic jobs (a GPU range) unless the policy says otherwise with `elastic`.
 ELASTIC_POLICIES = frozenset({"afs-l", "afs-p", "default"})
-REQUEUE_RESULTS = Path("benchmarks") / "results" / "requeue.json"
 _EPS = 1e-9
 # GPUs are keyed (node, index) inside the engine: tuples of str and int hash in C, GpuRef's generated
 # __hash__ runs Python code, and the engine looks GPUs up millions of times on long traces.
 _Key = tuple[str, int]
 _NO_BACKOFF: Mapping[str, float] = MappingProxyType({})  # the simulator's actions never fail: none waits
+_IN_PLACE = frozenset({Action.SUSPEND, Action.PARK, Action.UNPARK})  # no process starts
 
 
 class PlanRejected(RuntimeError):
     """A policy returned a plan that cannot be carried out (a policy bug, not a user error)."""
-
-
-@dataclass(frozen=True)
-class Overheads:
-    """Seconds without progress that each mechanism costs (see the module docstring).
-
-    The guesses (`source="guess"`) stand in until benchmarks/results/requeue.json holds figures
-    measured on the real cluster; `migrate`, `resize` and `pack` default to suspend + resume.
-    """
-
-    start: float = 0.0
-    suspend: float = 5.0
-    resume: float = 10.0
-    migrate: float | None = None
-    resize: float | None = None
-    pack: float | None = None
-    finish: float = 0.0  # a finished job holds its GPUs this long after its last sample (process exit)
-    crowd: float = 0.0  # extra start-up per other job starting in the same round (shared CPUs, disks)
-    per_gpu: float = 0.0  # extra start-up per GPU beyond the first (one training process per GPU)
-    launch: float = 0.0  # decision -> Slurm runs the job: the controller counts service from then
-    source: str = "guess"
-
-    def cost(self, action: Action) -> float:
-        """Dead time of the job that undergoes `action`."""
-        both = self.suspend + self.resume
-        if action is Action.START:
-            return self.start
-        if action is Action.RESUME:
-            return self.resume
-        if action is Action.RESIZE:
-            return self.resize if self.resize is not None else both
-        if action in (Action.PACK, Action.UNPACK):
-            return self.pack if self.pack is not None else both
-        if action is Action.MIGRATE:
-            return self.migrate if self.migrate is not None else both
-        return 0.0
-
-    @staticmethod
-    def from_file(path: str | Path) -> Overheads:
-        """Read measured costs: top-level keys start/suspend/resume/migrate/resize/pack/finish/crowd/per_gpu/launch,
-        each a number of seconds or an object with one of median, p50, mean, seconds (first found wins)."""
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read overheads from {p}: {exc}; fix or remove the file") from exc
-        if isinstance(data, dict) and isinstance(data.get("overheads"), dict):
-            data = data["overheads"]
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a JSON object of overheads")
-        values: dict[str, float] = {}
-        for key in ("start", "suspend", "resume", "migrate", "resize", "pack", "finish", "crowd", "per_gpu", "launch"):
-            v = data.get(key, data.get(f"{key}_s"))
-            if isinstance(v, dict):
-                v = next((v[k] for k in ("median", "p50", "mean", "seconds") if k in v), None)
-            if v is None:
-                continue
-            if not isinstance(v, (int, float)) or v < 0:
-                raise ConfigError(f"{p}: overhead {key} must be a number of seconds >= 0, got {v!r}")
-            values[key] = float(v)
-        return replace(Overheads(), source=str(p), **values)  # type: ignore[arg-type]
-
-    @staticmethod
-    def default(search: Iterable[Path] | None = None) -> Overheads:
-        """Measured figures from the first requeue.json found under `search` (default: the current
-        directory, then the source checkout this package runs from), else the guesses."""
-        if search is None:
-            search = (Path.cwd(), Path(__file__).resolve().parents[2])
-        for base in search:
-            cand = base / REQUEUE_RESULTS
-            if cand.is_file():
-                return Overheads.from_file(cand)
-        return Overheads()
 
 
 @dataclass(frozen=True)
@@ -165,6 +96,10 @@ class SimConfig:
     # Jobs across nodes get the same GPU indices on each (`ClusterView.same_gpus_per_node`; Slurm's
     # per-node gres): what the live controller plans with.
     same_gpus_per_node: bool = False
+    # Co-held placements (issue 31, sim/cohold.py): a switch within a group parks and unparks in place.
+    park: bool = False
+    park_state_gb: float = 16.0  # device state per GPU a parked job keeps in host memory
+    park_host_gb: float = 192.0  # host memory per node its parked jobs may use
 
     def topology(self) -> Topology:
         return Topology.uniform(
@@ -195,6 +130,7 @@ class JobResult:
     packs: int
     gpu_seconds: float  # GPU time held (whole GPU or shard), overheads included
     overhead_seconds: float  # time held without progress
+    parks: int = 0  # co-held switches away from it (`SimConfig.park`); `suspends` counts requeues only
 
     @property
     def jct(self) -> float | None:
@@ -342,6 +278,7 @@ class Simulator:
         }
         # The trace's job-array throttles: every view carries them, and `_apply` holds plans to them.
         self.group_caps: Mapping[str, int] = MappingProxyType(trace.group_caps)
+        self.parked: ParkedJobs | None = None  # the run's parked jobs, with `SimConfig.park`
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -415,6 +352,8 @@ class Simulator:
         acting_until = -math.inf  # with a tick: the controller's round is still acting (no new tick)
         changed = False
         max_time = self.config.max_time if self.config.max_time is not None else math.inf
+        c = self.config
+        parked = self.parked = ParkedJobs(self.topology, c.park_state_gb, c.park_host_gb) if c.park else None
 
         while done < n:
             # --- next event time
@@ -497,6 +436,7 @@ class Simulator:
                 requeue_ties=self.config.requeue_ties,
                 group_caps=self.group_caps,
                 same_gpus_per_node=self.config.same_gpus_per_node,
+                co_hold=parked.view(running) if parked is not None else None,
             )
             plan = self._round(view, running)
             decisions += 1
@@ -620,7 +560,8 @@ class Simulator:
         cost = self.config.overheads
         suspend_end = t + cost.suspend
         touched: set[_Key] = set()
-        steps: list[tuple[Decision, _Rec, list[_Key]]] = []
+        steps: list[tuple[Decision, _Rec, list[_Key], float]] = []
+        parked = self.parked
         for d in plan.decisions:
             r = active.get(d.job_id)
             if r is None:
@@ -630,38 +571,57 @@ class Simulator:
             old = r.job.placement if r.job.state is JobState.RUNNING else None
             self._check(d, r, old)
             left: list[_Key] = []
+            wait = t  # a parked job requeued off its GPUs first writes its checkpoint
             if old is not None:
                 left = self._free(d.job_id, old, whole, shards)
                 touched.update(left)
+                free_at = t + cost.park if d.action is Action.PARK else suspend_end
                 for k in left:
-                    if busy_until.get(k, 0.0) < suspend_end:
-                        busy_until[k] = suspend_end
-            steps.append((d, r, left))
+                    if busy_until.get(k, 0.0) < free_at:
+                        busy_until[k] = free_at
+                if d.action is Action.PARK and parked is not None:
+                    parked.park(d.job_id, left)
+            elif parked is not None and d.job_id in parked.on:
+                gone = parked.leave(d.job_id)
+                if d.action is not Action.UNPARK:
+                    wait = suspend_end
+                    r.suspends += 1
+                    for k in gone:
+                        busy_until[k] = max(busy_until.get(k, 0.0), suspend_end)
+            steps.append((d, r, left, wait))
         moved: list[_Rec] = []
         # Jobs whose processes start in this round compete for the nodes' CPUs while they start up.
-        crowd = cost.crowd * max(0, sum(1 for d, _, _ in steps if d.action is not Action.SUSPEND) - 1)
-        for d, r, left in steps:
+        crowd = cost.crowd * max(0, sum(1 for d, _, _, _ in steps if d.action not in _IN_PLACE) - 1)
+        for d, r, left, wait in steps:
             r.job = apply_decision(r.job, d, t)
             a = d.action
-            if a is Action.SUSPEND:
+            if a in (Action.SUSPEND, Action.PARK):
+                if d.job_id not in running:
+                    continue  # a parked job requeued off its GPUs (counted above)
                 # The controller closes the slice when the job has stopped: the suspend counts as service.
                 r.service += len(left) * self.suspend_seconds(d)
                 r.job = replace(r.job, attained_service=r.service)  # what the policy sees of it from now on
-                r.suspends += 1
+                if a is Action.SUSPEND:
+                    r.suspends += 1
                 r.rate = r.step_rate = 0.0
                 del running[d.job_id]
                 continue
             new = d.placement
             assert new is not None
-            ready = t
+            ready = wait
             mine = set(left)
+            if parked is not None and parked.at:
+                clash = parked.clash(d.job_id, [(g.node, g.index) for g in new.gpus], new.shared)
+                if clash is not None:
+                    raise PlanRejected(f"{self.policy.name}: job {d.job_id} {clash}")
             for g in new.gpus:
                 k = (g.node, g.index)
                 self._book(k, new.shared, d.job_id, whole, shards)
                 touched.add(k)
                 if k not in mine:
                     ready = max(ready, busy_until.get(k, 0.0))
-            r.dead_until = self.training_begins(d, new.count, crowd, t, ready)
+            unpark = a is Action.UNPARK  # in place: no process starts
+            r.dead_until = ready + cost.unpark if unpark else self.training_begins(d, new.count, crowd, t, ready)
             r.began = t
             r.counted_from = t + self.launch_seconds(d)
             running[d.job_id] = r
@@ -674,6 +634,8 @@ class Simulator:
                 r.packs += 1
         if self.group_caps:
             self._check_caps(plan, running)
+        if parked is not None and (err := parked.memory_error()) is not None:
+            raise PlanRejected(f"{self.policy.name}: {err}")
         self._refresh_rates(moved, touched, running, shards)
 
     def _check_caps(self, plan: Plan, running: Mapping[str, _Rec]) -> None:
@@ -700,17 +662,18 @@ class Simulator:
         for the round, as the controller's tick job does): a suspend's cost, else until Slurm runs the
         job (`launch`). A subclass may replay measured times."""
         o = self.config.overheads
-        return o.suspend if d.action is Action.SUSPEND else o.launch
+        return o.suspend if d.action is Action.SUSPEND else o.park if d.action is Action.PARK else o.launch
 
     def suspend_seconds(self, d: Decision) -> float:
         """Seconds from suspend decision `d` to the job having stopped, when the controller closes its
         slice (the suspend counts as service). A subclass may replay measured times."""
-        return self.config.overheads.suspend
+        o = self.config.overheads
+        return o.park if d.action is Action.PARK else o.suspend
 
     def launch_seconds(self, d: Decision) -> float:
         """Seconds from decision `d` (not a suspend) to Slurm running the job, when the controller opens
         its slice and service starts to count (`launch`). A subclass may replay measured times."""
-        return self.config.overheads.launch
+        return 0.0 if d.action is Action.UNPARK else self.config.overheads.launch
 
     def training_begins(self, d: Decision, gpus: int, crowd: float, t: float, ready: float) -> float:
         """When a job started, resumed or moved by decision `d` at `t` trains again: its start-up after its
@@ -724,10 +687,16 @@ class Simulator:
         return o.cost(d.action) + crowd + o.per_gpu * (gpus - 1)
 
     def _check(self, d: Decision, r: _Rec, old: Placement | None) -> None:
-        if d.action is Action.SUSPEND:
-            if old is None:
-                raise PlanRejected(f"{self.policy.name}: suspend of job {d.job_id}, which is not running")
+        on = self.parked.on if self.parked is not None else {}
+        if d.action in (Action.SUSPEND, Action.PARK):
+            if old is None and not (d.action is Action.SUSPEND and d.job_id in on):
+                raise PlanRejected(f"{self.policy.name}: {d.action.value} of job {d.job_id}, which is not running")
+            if d.action is Action.PARK and (self.parked is None or old is None or old.shared):
+                raise PlanRejected(f"{self.policy.name}: park of job {d.job_id}, which cannot be co-held")
             return
+        if d.action is Action.UNPARK and (d.placement is None or d.placement.shared or d.job_id not in on
+                                          or {(g.node, g.index) for g in d.placement.gpus} != set(on[d.job_id])):
+            raise PlanRejected(f"{self.policy.name}: unpark of job {d.job_id} onto GPUs it does not co-hold")
         p = d.placement
         if p is None:
             raise PlanRejected(f"{self.policy.name}: {d.action.value} of job {d.job_id} without a placement")
@@ -777,6 +746,7 @@ class Simulator:
             packs=r.packs,
             gpu_seconds=r.service,
             overhead_seconds=r.overhead,
+            parks=self.parked.parks.get(spec.job_id, 0) if self.parked is not None else 0,
         )
 
 

@@ -49,6 +49,7 @@ class Summary:
     migrations_per_job: float
     resizes_per_job: float
     packs_per_job: float
+    parks_per_job: float = 0.0  # co-held switches (`SimConfig.park`); suspends_per_job counts requeues
 
     @staticmethod
     def of(result: SimResult) -> Summary:
@@ -81,6 +82,7 @@ class Summary:
             migrations_per_job=sum(j.migrations for j in result.jobs) / n,
             resizes_per_job=sum(j.resizes for j in result.jobs) / n,
             packs_per_job=sum(j.packs for j in result.jobs) / n,
+            parks_per_job=sum(j.parks for j in result.jobs) / n,
         )
 
 

@@ -92,7 +92,7 @@ def env(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) -> Itera
     # quantum 8 s: the first six tasks (20 s of training each, after a start-up of several seconds) are
     # rotated out for the six that wait
     e = make_env(slurm_cluster, slurm, sub, {"n1": (0, 1, 2, 3), "n2": (0, 1, 2, 3)}, "gandiva", 8.0,
-                 "pack = no\nmigrate = no\ngrow = no")
+                 "pack = no\nmigrate = no\ngrow = no\nservice_ratio = 0")  # round robin: rotates every quantum
     yield e
     if e.proc is not None and e.proc.poll() is None:
         e.proc.kill()

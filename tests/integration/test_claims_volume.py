@@ -37,7 +37,8 @@ def env(
                 slurm.cancel(j.job_id)
     gpus, quantum, extra = request.param
     tmp_path.chmod(0o755)
-    e = make_env(slurm_cluster, slurm, tmp_path, gpus, "gandiva", quantum, "pack = no\nmigrate = no\ngrow = no")
+    e = make_env(slurm_cluster, slurm, tmp_path, gpus, "gandiva", quantum,
+                 "pack = no\nmigrate = no\ngrow = no\nservice_ratio = 0")  # round robin: rotates every quantum
     text = e.conf.read_text()
     if "suspend_timeout" in extra:
         text = text.replace("suspend_timeout = 60\n", "")

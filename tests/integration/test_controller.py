@@ -269,8 +269,9 @@ def env_factory(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) 
             with contextlib.suppress(Exception):
                 slurm.cancel(j.job_id)
 
+    # service_ratio 0: Gandiva's round robin (linear service tiers), whose rotations these tests time.
     def make(gpus: dict[str, tuple[int, ...]], policy: str = "gandiva", quantum: float = 15,
-             params: str = "pack = no\nmigrate = no\ngrow = no") -> Env:
+             params: str = "pack = no\nmigrate = no\ngrow = no\nservice_ratio = 0") -> Env:
         sub = tmp_path / f"env{len(made)}"
         sub.mkdir()
         e = make_env(slurm_cluster, slurm, sub, gpus, policy, quantum, params)
@@ -488,7 +489,7 @@ def test_sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad(env
 def test_migrates_badly_placed_job(env_factory: EnvFactory, test_user: str, slurm: SlurmBackend) -> None:
     """n1's four GPUs (switches {0,1} and {2,3}). Two short one-GPU jobs hold GPUs 0 and 2, so the two-GPU
     job lands across switches; when they finish, it is migrated under one switch."""
-    env = env_factory({"n1": (0, 1, 2, 3)}, quantum=20, params="pack = no\nmigrate = yes\ngrow = no")
+    env = env_factory({"n1": (0, 1, 2, 3)}, quantum=20, params="pack = no\nmigrate = yes\ngrow = no\nservice_ratio = 0")
     from slurm_gandiva.model import Placement
     from slurm_gandiva.requeue.protocol import RequeueProtocol
 
@@ -519,7 +520,7 @@ def test_migrates_badly_placed_job(env_factory: EnvFactory, test_user: str, slur
 def test_idle_gpus_grow_an_elastic_job(env_factory: EnvFactory, test_user: str) -> None:
     """Two GPUs: a short rigid job and an elastic 1:2 job (cifar10's scaling curve as its prior) share
     them; when the rigid job finishes, the idle GPU grows the elastic job (a RESIZE)."""
-    env = env_factory({"n1": (0, 1)}, quantum=15, params="pack = no\nmigrate = no\ngrow = yes")
+    env = env_factory({"n1": (0, 1)}, quantum=15, params="pack = no\nmigrate = no\ngrow = yes\nservice_ratio = 0")
     env.start()
     with contextlib.closing(env.store()) as store:
         short = submit(env, test_user, steps=20, sleep=0.4)
@@ -593,7 +594,7 @@ def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(
     way the results equal uninterrupted runs and no GPU is ever double-booked."""
     caps = slurm.capabilities()
     steps_a, steps_b = 150, 50
-    env = env_factory({"n2": (1,)}, quantum=120, params="pack = yes\nmigrate = no\ngrow = no")
+    env = env_factory({"n2": (1,)}, quantum=120, params="pack = yes\nmigrate = no\ngrow = no\nservice_ratio = 0")
     refs = {steps_a: reference_hash(tmp_path, steps_a), steps_b: reference_hash(tmp_path, steps_b)}
     with GpuWatch(slurm, env.jobs) as watch, contextlib.closing(env.store()) as store:
         env.start()

@@ -79,7 +79,7 @@ def test_two_accounts_split_gpu_time_by_their_shares_through_slurmdbd_down_and_l
     slurm = make_backend(acct_cluster.env, kind="cli")
     tmp_path.chmod(0o755)
     env: Env = make_env(acct_cluster, slurm, tmp_path, {"n1": (0, 1, 2), "n2": (0, 1, 2)}, "gandiva", QUANTUM,
-                        "pack = no\nmigrate = no\ngrow = no")
+                        "pack = no\nmigrate = no\ngrow = no\nservice_ratio = 0")  # round robin, as timed here
     env.conf.write_text(env.conf.read_text().replace(
         "[policy]", "fairness = shares\nfairness_half_life = 600\naccounting_refresh = 2\n[policy]"))
     env.conf.chmod(0o644)

@@ -67,13 +67,13 @@ def test_the_least_served_tasks_take_the_places() -> None:
     view = array_view(tasks=4, cap=2)
     jobs = tuple(j.evolve(attained_service=100.0 * (3 - i)) for i, j in enumerate(view.jobs))
     view = replace(view, jobs=jobs)  # 7_3 served least, then 7_2
-    plan = make_policy("gandiva").decide(view, 0.0)
+    plan = make_policy("gandiva", service_ratio=0.0).decide(view, 0.0)
     assert {d.job_id for d in plan.by_action(Action.START)} == {"7_2", "7_3"}
 
 
 def test_gandiva_time_slices_an_array_through_its_places_while_gpus_are_free() -> None:
     """%6 on 8 GPUs, 12 tasks: 6 run at a time, and each rotation swaps them (as with 6 GPUs)."""
-    policy = make_policy("gandiva", quantum=60.0)
+    policy = make_policy("gandiva", quantum=60.0, service_ratio=0.0)  # linear tiers: round robin
     view = array_view(tasks=12, cap=6)
     suspended: Counter[str] = Counter()
     resumed: Counter[str] = Counter()

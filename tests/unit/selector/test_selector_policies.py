@@ -201,7 +201,7 @@ ONE_GPU = Topology.uniform(1, 1)
 
 
 def test_time_slice_waits_for_min_slice_then_rotates() -> None:
-    pol = make_policy("gandiva", pack=False)
+    pol = make_policy("gandiva", pack=False, service_ratio=0.0)  # linear tiers: the paper's round robin
     a = running("a", gp("n1", 0), since=0.0, attained_service=30.0)
     b = job("b", submit=10.0)
     assert not pol.decide(ClusterView(ONE_GPU, (a, b), 30.0), 30.0)  # a's slice is younger than 60 s
@@ -229,7 +229,7 @@ def test_start_up_jitter_does_not_decide_who_is_suspended() -> None:
 
 
 def test_time_slice_picks_least_service_then_longest_waiting() -> None:
-    pol = make_policy("gandiva", pack=False)
+    pol = make_policy("gandiva", pack=False, service_ratio=0.0)
     a = running("a", gp("n1", 0), since=0.0, attained_service=200.0)
     b = job("b", state=JobState.SUSPENDED, attained_service=50.0, last_run_end=20.0, times_scheduled=1)
     c = job("c", state=JobState.SUSPENDED, attained_service=50.0, last_run_end=10.0, times_scheduled=1)
@@ -288,7 +288,7 @@ def test_a_job_about_to_finish_is_not_stopped_at_a_rotation() -> None:
 
 
 def test_time_slice_hysteresis_avoids_swapping_every_round() -> None:
-    pol = make_policy("gandiva", pack=False)  # hysteresis defaults to one quantum (60 s)
+    pol = make_policy("gandiva", pack=False, service_ratio=0.0)  # hysteresis defaults to one quantum (60 s)
     a = running("a", gp("n1", 0), since=0.0, attained_service=100.0)
     b = job("b", state=JobState.SUSPENDED, attained_service=50.0, last_run_end=0.0, times_scheduled=1)
     assert not pol.decide(ClusterView(ONE_GPU, (a, b), 100.0), 100.0)  # b is only 50 s behind
@@ -296,6 +296,21 @@ def test_time_slice_hysteresis_avoids_swapping_every_round() -> None:
     assert not pol.decide(ClusterView(ONE_GPU, (a.evolve(attained_service=111.0), b), 111.0), 111.0)
     plan = pol.decide(ClusterView(ONE_GPU, (a.evolve(attained_service=126.0), b), 126.0), 126.0)
     assert steps(plan) == [("suspend", "a", "-"), ("resume", "b", "n1:0")]
+
+
+def test_a_rotation_needs_a_job_served_four_times_less_in_geometric_tiers() -> None:
+    """By default (service_ratio 4) a waiting job takes the GPU only from a job with at least four times its
+    service (the running one counts its hysteresis, 60 s, less): between jobs of similar service a rotation
+    does not pay. Linear tiers (service_ratio 0, the paper's round robin) rotate at once."""
+    pol = make_policy("gandiva", pack=False)
+    a = running("a", gp("n1", 0), since=0.0, attained_service=3000.0)
+    b = job("b", state=JobState.SUSPENDED, attained_service=800.0, last_run_end=0.0, times_scheduled=1)
+    assert not pol.decide(ClusterView(ONE_GPU, (a, b), 3000.0), 3000.0)  # 2940 s against 800 s: under 4x
+    swap = [("suspend", "a", "-"), ("resume", "b", "n1:0")]
+    linear = make_policy("gandiva", pack=False, service_ratio=0.0)
+    assert steps(linear.decide(ClusterView(ONE_GPU, (a, b), 3000.0), 3000.0)) == swap
+    b = b.evolve(attained_service=700.0)  # over 4x behind
+    assert steps(pol.decide(ClusterView(ONE_GPU, (a, b), 3000.0), 3000.0)) == swap
 
 
 def test_a_waiting_four_gpu_job_gets_a_node_kept_for_it_instead_of_starving() -> None:
@@ -384,7 +399,7 @@ def test_gpus_kept_for_a_big_job_are_never_taken_from_a_job_ahead_of_it() -> Non
 
 def test_attained_service_is_per_gpu_for_fairness() -> None:
     topo = Topology.uniform(1, 2)
-    pol = make_policy("gandiva", pack=False, hysteresis=0.0)
+    pol = make_policy("gandiva", pack=False, hysteresis=0.0, service_ratio=0.0)
     a = running("a", gp("n1", 0, 1), since=0.0, attained_service=100.0)  # 50 s per GPU
     b = job("b", 1, state=JobState.SUSPENDED, attained_service=60.0, last_run_end=0.0, times_scheduled=1)
     assert not pol.decide(ClusterView(topo, (a, b), 120.0), 120.0)  # b ran longer (60 s) than a
@@ -409,7 +424,7 @@ def test_pack_trial_when_a_job_waits() -> None:
 
 
 def test_failed_pack_is_reverted_and_not_retried() -> None:
-    pol = make_policy("gandiva")
+    pol = make_policy("gandiva", service_ratio=0.0)
     rates = RateTable({(1, Locality.SWITCH): 100.0})
     a = running(
         "a",

@@ -37,7 +37,9 @@ def run(trace: Trace, policy: str, shares: bool) -> SimResult:
 def test_shares_give_bob_his_half_and_cost_alice_little(policy: str) -> None:
     today = run(two_users(), policy, shares=False)
     fair = run(two_users(), policy, shares=True)
-    assert mean_jct(today, "b") > 4 * HOURS4  # every policy lets alice's search take the cluster today
+    # Every policy lets alice's search (20 h of it on 8 GPUs) take the cluster today: bob waits most of it
+    # (Gandiva's geometric service tiers let his fresh jobs in sooner than its round robin did: 14 h, not 16).
+    assert mean_jct(today, "b") > 3 * HOURS4
     assert mean_jct(fair, "b") <= 1.25 * HOURS4  # the target (a)
     assert mean_jct(fair, "a") <= 1.15 * mean_jct(today, "a")
 
