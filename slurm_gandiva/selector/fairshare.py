@@ -58,6 +58,7 @@ from slurm_gandiva.selector.base import Policy
 FAIRNESS_MODES = ("none", "shares")
 DEFAULT_HALF_LIFE_S = 7 * 86400.0  # Slurm's PriorityDecayHalfLife default: 7-0
 _TAKES = (Action.START, Action.RESUME)
+_PASSES = 3  # inner decisions per group and round at most: again without the takes dropped past a cap
 
 Tenant = tuple[str, str]  # (account, user)
 
@@ -231,24 +232,35 @@ class FairShare:
             for j in jobs:
                 for g in j.placement.gpus if j.state is JobState.RUNNING and j.placement else ():
                     holders.setdefault(g, set()).add(key)
-        decisions: list[Decision] = []
-        for key, jobs in groups.items():
+        topologies: dict[Tenant | None, Topology] = {}
+        for key in groups:
             if key is not None or apart:
                 gpus = {g for g, keys in holders.items() if key in keys}
                 if key is None:
                     # a released job's GPUs are free unless a job that stays holds a shard of them
                     gone_gpus = {g for j in released if j.placement for g in j.placement.gpus}
                     gpus |= set(view.free_gpus()) | (gone_gpus - holders.keys())
-                sub = replace(view, topology=only_gpus(view.topology, gpus), jobs=tuple(jobs))
-            else:
-                sub = replace(view, jobs=tuple(jobs))
-            decisions += self.inner.decide(sub, now).decisions
+                topologies[key] = only_gpus(view.topology, gpus)
         # a GPU whose shards two groups hold: neither group sees the other's shard, so neither places there
         contested = {g for g, keys in holders.items() if len(keys) > 1}
-        if contested:
-            decisions = [d for d in decisions if not (d.placement and contested.intersection(d.placement.gpus))]
         inner_view = replace(view, jobs=tuple(j for jobs in groups.values() for j in jobs))
-        plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
+        hidden: set[str] = set()
+        for _ in range(_PASSES):
+            decisions: list[Decision] = []
+            for key, jobs in groups.items():
+                shown = tuple(j for j in jobs if j.job_id not in hidden)
+                sub = replace(view, topology=topologies.get(key, view.topology), jobs=shown)
+                decisions += self.inner.decide(sub, now).decisions
+            if contested:
+                decisions = [d for d in decisions if not (d.placement and contested.intersection(d.placement.gpus))]
+            plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
+            # A start or resume dropped past its tenant's cap leaves the GPUs the inner policy gave it idle
+            # (it placed the others around it): decide again without it, so that they go to another job.
+            kept = {id(d) for d in plan.decisions}
+            dropped = {d.job_id for d in decisions if d.action in _TAKES and id(d) not in kept}
+            if not dropped - hidden:
+                break
+            hidden |= dropped
         own = tuple(Decision(Action.SUSPEND, j.job_id, reason="fair share: tenant above its share") for j in released)
         return Plan(own + plan.decisions)
 
