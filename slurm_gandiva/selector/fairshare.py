@@ -256,6 +256,7 @@ class FairShare:
         contested = {g for g, keys in holders.items() if len(keys) > 1}
         inner_view = replace(view, jobs=tuple(j for jobs in groups.values() for j in jobs))
         hidden: set[str] = set()
+        best: tuple[int, Plan] | None = None
         for _ in range(_PASSES):
             decisions: list[Decision] = []
             for key, jobs in groups.items():
@@ -267,11 +268,17 @@ class FairShare:
             plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
             # A start or resume dropped past its tenant's cap leaves the GPUs the inner policy gave it idle
             # (it placed the others around it): decide again without it, so that they go to another job.
+            # The pass that keeps the most takes stands (a later one may keep fewer).
+            takes = sum(1 for d in plan.decisions if d.action in _TAKES)
+            if best is None or takes > best[0]:
+                best = (takes, plan)
             kept = {id(d) for d in plan.decisions}
             dropped = {d.job_id for d in decisions if d.action in _TAKES and id(d) not in kept}
             if not dropped - hidden:
                 break
             hidden |= dropped
+        assert best is not None
+        plan = best[1]
         own = tuple(Decision(Action.SUSPEND, j.job_id, reason="fair share: tenant above its share") for j in released)
         return Plan(own + plan.decisions)
 
