@@ -34,6 +34,9 @@ Otherwise the inner policy decides on a view that keeps each tenant within its G
 - The inner plans' starts, resumes and grows past a tenant's cap are dropped (its own suspends free
   places first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is
   dropped too, so no tenant loses a GPU to a start that was dropped.
+- The groups are then decided again without the jobs whose starts or resumes were dropped (up to
+  `_PASSES` times), so that the GPUs the inner policy gave them go to other jobs instead of idling; the
+  pass that keeps the most starts and resumes stands.
 
 Not done here: a catch-up beyond the share for a tenant that was under-served long. The GPU limits of
 associations and QOS (`Tenants.limits`) are a rule of the round (selector/round.py), as array caps are.
