@@ -31,7 +31,13 @@ real `gandiva sbatch` jobs): ordinary round 0.02 / 0.10 / 0.44 / 0.85 s with 0 /
 rounds with actions up to 7.8 s at 500 and 10.4 s at 1,000 jobs. The targets (issue 18), at 10,000 jobs:
 ordinary round <= 1 s, a round with 10 actions <= 2 s, memory <= 500 MB, every tick kept.
 
+With `--fairness shares` (issue 30) the controller runs the fair-share layer over its policy, the devcluster
+runs Slurm's accounting (slurmdbd, MariaDB), and each size's tasks are split over `--tenants` accounts
+(t1: 2 shares, the others 1; user root in each) submitted with `gandiva sbatch -A`, so that the layer, the
+tenants' reads (sacctmgr, every accounting_refresh) and the per-tenant table are in every round.
+
     sudo .venv/bin/python benchmarks/bench_controller_scale.py [--sizes 0,100,1000,10000] [--rounds 30]
+        [--fairness shares [--tenants 4]]
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.model import JobState
 from slurm_gandiva.plan import Action
 from slurm_gandiva.requeue.namespace import is_marked
+from slurm_gandiva.selector.fairshare import FairShare
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.store import Store
 from slurm_gandiva.store.api import Outcome as StoreOutcome
@@ -148,11 +155,16 @@ def rss_mb() -> float:
     return 0.0
 
 
-def submit_array(cluster: DevCluster, n: int) -> str:
-    """`gandiva sbatch --array=0-(n-1)` of the tiny training job; returns the array's id."""
+def tenant_accounts(n: int) -> list[tuple[str, int]]:
+    """The `--fairness shares` accounts and their shares: t1 has 2, the others 1."""
+    return [(f"t{i + 1}", 2 if i == 0 else 1) for i in range(n)]
+
+
+def submit_array(cluster: DevCluster, n: int, account: str | None = None) -> str:
+    """`gandiva sbatch --array=0-(n-1)` of the tiny training job (in `account` if given); the array's id."""
     cmd = [
         str(BIN / "gandiva"), "sbatch", "--parsable", f"--array=0-{n - 1}", "--gpus", "1", "--output=/dev/null",
-        "--", str(BIN / "python"), str(JOB),
+        *(["-A", account] if account else []), "--", str(BIN / "python"), str(JOB),
     ]
     env = {**os.environ, **cluster.env}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
@@ -162,19 +174,24 @@ def submit_array(cluster: DevCluster, n: int) -> str:
 
 
 class Bench:
-    def __init__(self, cluster: DevCluster, state: Path, tick: float, quantum: float) -> None:
+    def __init__(self, cluster: DevCluster, state: Path, tick: float, quantum: float,
+                 fairness: str = "none", accounts: tuple[str, ...] = ()) -> None:
         self.cluster = cluster
         self.clock = Clock()
+        self.accounts = accounts
         cfg = ControllerConfig(
             state_dir=state, jobs_dir=cluster.jobs_dir, tick=tick, quantum=quantum, partitions=("gpu",),
-            topology_file=cluster.topology_path, slurm_conf=cluster.conf_path,
+            topology_file=cluster.topology_path, slurm_conf=cluster.conf_path, fairness=fairness,
         )
         self.cfg = cfg
         backend = make_backend(cluster.env)
         self.backend = backend
         self.store = Store(cfg.db_url)
         self.ctl = Controller(cfg, Timed(backend, self.clock, "slurm"), Timed(self.store, self.clock, "store"))
-        self.ctl.policy = Timed(self.ctl.policy, self.clock, "decide")
+        if isinstance(self.ctl.policy, FairShare):  # timed in place: the controller's table still sees a FairShare
+            self.ctl.policy.decide = self.clock.timed("decide", self.ctl.policy.decide)  # type: ignore[method-assign]
+        else:
+            self.ctl.policy = Timed(self.ctl.policy, self.clock, "decide")
         execute = self.ctl.actor.execute
 
         def act(*args: Any, **kwargs: Any) -> Any:
@@ -262,7 +279,15 @@ def measure(bench: Bench, size: int, have: int, rounds: int) -> SizeResult:
     res = SizeResult(size)
     if size > have:
         t = time.time()
-        submit_array(bench.cluster, size - have)
+        new = size - have
+        if bench.accounts:  # split over the tenants, the first taking what the division leaves
+            k = len(bench.accounts)
+            for i, acct in enumerate(bench.accounts):
+                part = new // k + (new % k if i == 0 else 0)
+                if part:
+                    submit_array(bench.cluster, part, acct)
+        else:
+            submit_array(bench.cluster, new)
         while bench.registered() < size:
             bench.round(size)
             if time.time() - t > 600:
@@ -364,18 +389,29 @@ def main() -> None:
     ap.add_argument("--quantum", type=float, default=60.0)
     ap.add_argument("--port-base", type=int, default=28000)
     ap.add_argument("--state-dir", type=Path, default=None)
+    ap.add_argument("--fairness", choices=("none", "shares"), default="none",
+                    help="shares: the fair-share layer on, Slurm accounting, the tasks split over --tenants accounts")
+    ap.add_argument("--tenants", type=int, default=4, help="accounts with --fairness shares (default 4)")
     args = ap.parse_args()
+    if args.fairness == "shares" and args.tenants < 1:
+        ap.error("--tenants must be at least 1")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still take the cluster down
     sizes = sorted(int(s) for s in args.sizes.split(","))
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="gandiva-bench-scale-"))
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o755)  # the jobs read the cluster's files
     (state / "controller").mkdir(exist_ok=True)
-    cluster = DevCluster(state / "cluster", port_base=args.port_base)
+    shares = args.fairness == "shares"
+    cluster = DevCluster(state / "cluster", port_base=args.port_base, accounting=shares)
     cluster.up()
     results: list[SizeResult] = []
+    accounts = tenant_accounts(args.tenants) if shares else []
     try:
-        bench = Bench(cluster, state / "controller", args.tick, args.quantum)
+        for name, share in accounts:
+            cluster.add_account(name, fairshare=share)
+            cluster.add_user("root", name)
+        bench = Bench(cluster, state / "controller", args.tick, args.quantum, args.fairness,
+                      tuple(a for a, _ in accounts))
         backend_name = type(bench.backend).__name__
         bench.ctl.reconcile()
         have = 0
@@ -388,10 +424,13 @@ def main() -> None:
         cluster.down()
     caps = cluster.capabilities
     print()
+    fair = (f" --fairness shares --tenants {args.tenants}" if shares else "")
     print(f"# command: .venv/bin/python benchmarks/bench_controller_scale.py --sizes {args.sizes} "
-          f"--rounds {args.rounds}")
+          f"--rounds {args.rounds}{fair}")
     print(f"# Slurm {caps.release_text}, {backend_name}; 2 nodes x 4 GPUs; "
-          f"policy {bench.cfg.policy}, tick {args.tick:g} s, quantum {args.quantum:g} s; "
+          f"policy {bench.cfg.policy}{' with fairness shares' if shares else ''}"
+          f"{' over ' + ', '.join(f'{a} ({s})' for a, s in accounts) if accounts else ''}, "
+          f"tick {args.tick:g} s, quantum {args.quantum:g} s; "
           f"date {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
     print(f"# the jobs: gandiva sbatch --array=... --gpus 1 -- {shlex.join(['python', 'benchmarks/scale_job.py'])}")
     print(table(results, args.tick))

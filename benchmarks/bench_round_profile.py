@@ -15,7 +15,13 @@ the backend's memories), wall and this process's CPU time (on a loaded machine t
 steadier figure), then, with `--profile N`, cProfile's top N functions by cumulative and by own
 time over the same rounds.
 
+With `--fairness shares` the controller runs the fair-share layer (issue 30) and each array is split into
+`--tenants` arrays, one per account t1..tN (equal shares, as `sacctmgr` lists them), as
+bench_controller_scale.py --fairness shares submits them, each account running its share of the 8 GPUs
+(so the ordinary round still acts on nothing).
+
 Run: .venv/bin/python benchmarks/bench_round_profile.py [--jobs 10000] [--rounds 10] [--profile 30]
+         [--fairness shares [--tenants 4]]
 """
 
 from __future__ import annotations
@@ -47,41 +53,64 @@ ARRAYS = (100, 900)  # then the rest, as bench_controller_scale submits 100, 1,0
 FIRST_ID = 1000
 
 
-def tasks_of(n: int) -> list[tuple[str, int, int]]:
-    """(array id, task, record id) of `n` tasks; a task that never ran shares its array's record."""
+def tasks_of(n: int, tenants: int = 0) -> list[tuple[str, int, int]]:
+    """(array id, task, record id) of `n` tasks; a task that never ran shares its array's record. With
+    `tenants`, each array is that many (the first takes what the division leaves), one per account."""
     sizes = [s for s in ARRAYS if s < n]
     sizes = [*sizes, n - sum(sizes)] if n > sum(sizes) else [n]
-    out, base = [], FIRST_ID
+    if tenants:
+        sizes = [p for s in sizes for i in range(tenants) if (p := s // tenants + (s % tenants if i == 0 else 0))]
+    out: list[tuple[str, int, int]] = []
+    base = FIRST_ID
     for size in sizes:
         out.extend((str(base), t, base) for t in range(size))
         base += 1
     return out
 
 
+def account_of(array: str, tenants: int) -> str:
+    """The account of an array of `tasks_of(n, tenants)` ("" without tenants)."""
+    return f"t{(int(array) - FIRST_ID) % tenants + 1}" if tenants else ""
+
+
+def sacctmgr_listing(tenants: int) -> str:
+    """`sacctmgr -nP show assoc format=ASSOC_FORMAT` of accounts t1 .. tN, 1 share each, root in each."""
+    rows = ["root|||1|", "root|root|root|1|"]
+    for i in range(tenants):
+        rows += [f"t{i + 1}||root|1|", f"t{i + 1}|root|t{i + 1}|1|"]
+    return "\n".join(rows) + "\n"
+
+
 class FakeSlurm:
     """The devcluster's answers to CliBackend's commands: job records and their fingerprint lines."""
 
-    def __init__(self, n: int, suspended: int, now: float) -> None:
+    def __init__(self, n: int, suspended: int, now: float, tenants: int = 0) -> None:
+        self.tenants = tenants
         self.records: list[dict[str, Any]] = []
         self.lines: list[str] = []
         self.running: dict[str, tuple[str, int]] = {}  # job id -> its node and GPU
         self.suspended: set[str] = set()
         next_id = FIRST_ID + 100
-        for i, (array, task, rid) in enumerate(tasks_of(n)):
+        per = NODES * GPUS // max(1, tenants)  # running tasks per account: each at its share, no rebalancing
+        held: dict[str, int] = {}
+        for array, task, rid in tasks_of(n, tenants):
             jid = f"{array}_{task}"
-            if i < NODES * GPUS:
-                node, gpu = f"n{i // GPUS + 1}", i % GPUS
+            acct = account_of(array, tenants)
+            if len(self.running) < NODES * GPUS and held.get(acct, 0) < per:
+                held[acct] = held.get(acct, 0) + 1
+                k = len(self.running)
+                node, gpu = f"n{k // GPUS + 1}", k % GPUS
                 self.running[jid] = (node, gpu)
                 rid, next_id = next_id, next_id + 1
                 self._task(rid, array, task, "RUNNING", "None", now, node=node, gpu=gpu)
-            elif i < NODES * GPUS + suspended:
+            elif len(self.suspended) < suspended:
                 self.suspended.add(jid)
                 rid, next_id = next_id, next_id + 1
                 self._task(rid, array, task, "PENDING", "JobHeldAdmin", now, restarts=1)
             else:
                 self._line(rid, array, task, "PENDING", "JobHeldAdmin", now, 0, "", "")
-        for array in {a for a, _t, _r in tasks_of(n)}:  # the array's own record: its never-run tasks
-            waiting = [t for a, t, r in tasks_of(n) if a == array and f"{a}_{t}" not in self.running
+        for array in {a for a, _t, _r in tasks_of(n, tenants)}:  # the array's own record: its never-run tasks
+            waiting = [t for a, t, r in tasks_of(n, tenants) if a == array and f"{a}_{t}" not in self.running
                        and f"{a}_{t}" not in self.suspended]
             if waiting:
                 self.records.append(self._record(int(array), array, None, "PENDING", "JobHeldAdmin", now,
@@ -98,7 +127,7 @@ class FakeSlurm:
             "comment": "gandiva", "partition": "gpu", "restart_cnt": restarts,
             "submit_time": {"set": True, "number": int(now - 3600)},
             "start_time": {"set": True, "number": int(now - 20) if state == "RUNNING" else 0},
-            "tres_per_node": "gres/gpu:1", "nodes": node,
+            "tres_per_node": "gres/gpu:1", "nodes": node, "account": account_of(array, self.tenants),
         }
         if node:
             rec["gres_detail"] = [f"gpu:g{gpu}:1(IDX:{gpu})"]
@@ -121,6 +150,8 @@ class FakeSlurm:
         self.lines.append("|".join(values[f] for f in _FINGERPRINT) + "|")
 
     def run(self, argv: Sequence[str], what: str, **_kw: Any) -> str:
+        if argv[0] == "sacctmgr":
+            return sacctmgr_listing(self.tenants) if "associations" in argv else "normal||\n"
         if argv[0] == "sinfo":
             gres = ",".join(f"gpu:g{g}:1" for g in range(GPUS))
             nodes = [{"hostname": f"n{k}", "name": f"n{k}", "state": ["MIXED"], "partitions": ["gpu"],
@@ -146,7 +177,7 @@ def _ranges(xs: list[int]) -> str:
 def fill_store(store: Store, fake: FakeSlurm, n: int, now: float) -> None:
     """The store as the controller keeps it: every task registered, slices and rates of those that ran."""
     jobs, slices, rates = [], [], []
-    for array, task, _rid in tasks_of(n):
+    for array, task, _rid in tasks_of(n, fake.tenants):
         jid = f"{array}_{task}"
         state = JobState.RUNNING if jid in fake.running else (
             JobState.SUSPENDED if jid in fake.suspended else JobState.QUEUED)
@@ -154,6 +185,7 @@ def fill_store(store: Store, fake: FakeSlurm, n: int, now: float) -> None:
             "id": jid, "user": "root", "name": "scale_job", "min_gpus": 1, "max_gpus": 1,
             "submit_time": float(int(now - 3600)), "state": state.value, "total_work": None, "model": "",
             "partition": "gpu", "state_dir": "", "created": now - 3600, "updated": now - 60, "suspend_signal": "",
+            "account": account_of(array, fake.tenants),
         })
         if jid in fake.running:
             node, gpu = fake.running[jid]
@@ -178,8 +210,9 @@ class NoProtocol:
         raise AssertionError(f"an ordinary round called the protocol's {name}")
 
 
-def make_controller(n: int, suspended: int, d: Path, now: float) -> tuple[Controller, Store]:
-    fake = FakeSlurm(n, suspended, now)
+def make_controller(n: int, suspended: int, d: Path, now: float, fairness: str = "none",
+                    tenants: int = 0) -> tuple[Controller, Store]:
+    fake = FakeSlurm(n, suspended, now, tenants if fairness == "shares" else 0)
     backend = CliBackend(capabilities=SlurmCapabilities.for_release((24, 11, 5)), clock=lambda: now)
     backend._run = fake.run  # type: ignore[method-assign]
     store = Store(d / "gandiva.db")
@@ -193,7 +226,7 @@ def make_controller(n: int, suspended: int, d: Path, now: float) -> tuple[Contro
         return Progress(step=10, epoch=0, samples=100, total_samples=None, batch_time_avg=0.1, samples_per_s=10.0,
                         world_size=1, updated=now - 1, started=now - 19)
 
-    cfg = ControllerConfig(state_dir=d, partitions=("gpu",), tick=5.0, quantum=60.0)
+    cfg = ControllerConfig(state_dir=d, partitions=("gpu",), tick=5.0, quantum=60.0, fairness=fairness)
     ctl = Controller(cfg, backend, store, clock=lambda: now, topology=Topology.uniform(NODES, GPUS, shards=0),
                      progress_reader=progress, protocol=NoProtocol())
     return ctl, store
@@ -205,10 +238,13 @@ def main() -> None:
     ap.add_argument("--suspended", type=int, default=24, help="tasks suspended after one slice")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--profile", type=int, default=0, help="print cProfile's top N functions")
+    ap.add_argument("--fairness", choices=("none", "shares"), default="none")
+    ap.add_argument("--tenants", type=int, default=4, choices=(1, 2, 4, 8),
+                    help="accounts with --fairness shares (default 4; they split the 8 GPUs evenly)")
     a = ap.parse_args()
     now = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        ctl, store = make_controller(a.jobs, a.suspended, Path(tmp), now)
+        ctl, store = make_controller(a.jobs, a.suspended, Path(tmp), now, a.fairness, a.tenants)
         try:
             first = ctl.tick()
             assert first.error == "" and len(first.view.jobs if first.view else ()) == a.jobs, first.error
@@ -229,7 +265,8 @@ def main() -> None:
             store.close()
     view = ctl.last_report.view if ctl.last_report is not None else None
     print(f"{a.jobs} managed jobs ({len(view.running) if view is not None else 0} running), "
-          f"{a.rounds} ordinary rounds{' under cProfile' if prof else ''}: "
+          f"{a.rounds} ordinary rounds{' under cProfile' if prof else ''}"
+          f"{f', fairness shares over {a.tenants} accounts' if a.fairness == 'shares' else ''}: "
           f"median {statistics.median(times):.3f} s, max {max(times):.3f} s; "
           f"CPU time median {statistics.median(cpu):.3f} s, max {max(cpu):.3f} s (other processes' load aside)")
     if prof is not None:

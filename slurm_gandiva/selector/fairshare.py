@@ -34,6 +34,9 @@ Otherwise the inner policy decides on a view that keeps each tenant within its G
 - The inner plans' starts, resumes and grows past a tenant's cap are dropped (its own suspends free
   places first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is
   dropped too, so no tenant loses a GPU to a start that was dropped.
+- The groups are then decided again without the jobs whose starts or resumes were dropped (up to
+  `_PASSES` times), so that the GPUs the inner policy gave them go to other jobs instead of idling; the
+  pass that keeps the most starts and resumes stands.
 
 Not done here: a catch-up beyond the share for a tenant that was under-served long. The GPU limits of
 associations and QOS (`Tenants.limits`) are a rule of the round (selector/round.py), as array caps are.
@@ -58,6 +61,7 @@ from slurm_gandiva.selector.base import Policy
 FAIRNESS_MODES = ("none", "shares")
 DEFAULT_HALF_LIFE_S = 7 * 86400.0  # Slurm's PriorityDecayHalfLife default: 7-0
 _TAKES = (Action.START, Action.RESUME)
+_PASSES = 3  # inner decisions per group and round at most: again without the takes dropped past a cap
 
 Tenant = tuple[str, str]  # (account, user)
 
@@ -82,12 +86,15 @@ class TenantUsage:
             self.usage = {t: u * k for t, u in self.usage.items()}
         self.at = view.now if self.at is None else max(self.at, view.now)
         seen: dict[str, float] = {}
+        before, usage = self.seen, self.usage
         for j in view.jobs:
             served = j.attained_service
-            delta = served - self.seen.get(j.job_id, 0.0)
+            if served <= 0:  # never served (most of a long queue): nothing to add or remember
+                continue
+            delta = served - before.get(j.job_id, 0.0)
             if delta > 0:
-                t = tenant_of(j)
-                self.usage[t] = self.usage.get(t, 0.0) + delta
+                t = (j.spec.account, j.spec.user)
+                usage[t] = usage.get(t, 0.0) + delta
             seen[j.job_id] = served
         self.seen = seen
 
@@ -128,6 +135,15 @@ def tenant_demand(view: ClusterView) -> Counter[Tenant]:
     them (`Tenants.limits`) allow, so that what a limited tenant cannot hold goes to the others."""
     demand: Counter[Tenant] = Counter()
     limits = view.tenants.limits if view.tenants is not None else ()
+    if not limits:  # one pass, no scopes: the round's hot path at 10,000 jobs
+        plain: dict[Tenant, int] = {}
+        for j in view.jobs:
+            if not j.state.finished:
+                spec = j.spec
+                t = (spec.account, spec.user)
+                plain[t] = plain.get(t, 0) + spec.max_gpus
+        demand.update(plain)
+        return demand
     room: dict[tuple[int, tuple[str, ...]], int] = {}
     for j in view.active:
         want = j.spec.max_gpus
@@ -195,14 +211,13 @@ class FairShare:
 
     def decide(self, view: ClusterView, now: float) -> Plan:
         self.state.update(view, self.half_life)
-        tenants = {tenant_of(j) for j in view.active}
-        if len(tenants) < 2:
-            return self.inner.decide(view, now)
         caps = self.caps(view)
+        if len(caps) < 2:  # one tenant with active jobs (or none): nothing to share
+            return self.inner.decide(view, now)
         # Work-conserving first: the inner policy's own plan on the whole cluster stands (its global
         # order kept across tenants) unless it leaves a tenant short of its cap by a waiting job.
         plan = self.inner.decide(view, now)
-        if not self._starves(plan.apply(view), caps):
+        if not self._starves(plan.apply(view) if plan.decisions else view, caps):
             return plan
         held: Counter[Tenant] = Counter()
         for j in view.running:
@@ -231,24 +246,42 @@ class FairShare:
             for j in jobs:
                 for g in j.placement.gpus if j.state is JobState.RUNNING and j.placement else ():
                     holders.setdefault(g, set()).add(key)
-        decisions: list[Decision] = []
-        for key, jobs in groups.items():
+        topologies: dict[Tenant | None, Topology] = {}
+        for key in groups:
             if key is not None or apart:
                 gpus = {g for g, keys in holders.items() if key in keys}
                 if key is None:
                     # a released job's GPUs are free unless a job that stays holds a shard of them
                     gone_gpus = {g for j in released if j.placement for g in j.placement.gpus}
                     gpus |= set(view.free_gpus()) | (gone_gpus - holders.keys())
-                sub = replace(view, topology=only_gpus(view.topology, gpus), jobs=tuple(jobs))
-            else:
-                sub = replace(view, jobs=tuple(jobs))
-            decisions += self.inner.decide(sub, now).decisions
+                topologies[key] = only_gpus(view.topology, gpus)
         # a GPU whose shards two groups hold: neither group sees the other's shard, so neither places there
         contested = {g for g, keys in holders.items() if len(keys) > 1}
-        if contested:
-            decisions = [d for d in decisions if not (d.placement and contested.intersection(d.placement.gpus))]
         inner_view = replace(view, jobs=tuple(j for jobs in groups.values() for j in jobs))
-        plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
+        hidden: set[str] = set()
+        best: tuple[int, Plan] | None = None
+        for _ in range(_PASSES):
+            decisions: list[Decision] = []
+            for key, jobs in groups.items():
+                shown = tuple(j for j in jobs if j.job_id not in hidden)
+                sub = replace(view, topology=topologies.get(key, view.topology), jobs=shown)
+                decisions += self.inner.decide(sub, now).decisions
+            if contested:
+                decisions = [d for d in decisions if not (d.placement and contested.intersection(d.placement.gpus))]
+            plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
+            # A start or resume dropped past its tenant's cap leaves the GPUs the inner policy gave it idle
+            # (it placed the others around it): decide again without it, so that they go to another job.
+            # The pass that keeps the most takes stands (a later one may keep fewer).
+            takes = sum(1 for d in plan.decisions if d.action in _TAKES)
+            if best is None or takes > best[0]:
+                best = (takes, plan)
+            kept = {id(d) for d in plan.decisions}
+            dropped = {d.job_id for d in decisions if d.action in _TAKES and id(d) not in kept}
+            if not dropped - hidden:
+                break
+            hidden |= dropped
+        assert best is not None
+        plan = best[1]
         own = tuple(Decision(Action.SUSPEND, j.job_id, reason="fair share: tenant above its share") for j in released)
         return Plan(own + plan.decisions)
 
@@ -256,14 +289,21 @@ class FairShare:
     def _starves(after: ClusterView, caps: Mapping[Tenant, int]) -> bool:
         """Whether, in `after`, a tenant is short of its cap by enough GPUs for one of its waiting jobs (a
         shortfall none of them fits in could not be used without passing its cap)."""
-        held: Counter[Tenant] = Counter()
-        for j in after.running:
-            held[tenant_of(j)] += j.gpus
+        held: dict[Tenant, int] = {}
         smallest: dict[Tenant, int] = {}
-        for j in after.waiting:
-            t = tenant_of(j)
-            smallest[t] = min(smallest.get(t, j.spec.min_gpus), j.spec.min_gpus)
-        return any(held[t] + k <= caps.get(t, 0) for t, k in smallest.items())
+        running, queued, suspended = JobState.RUNNING, JobState.QUEUED, JobState.SUSPENDED
+        for j in after.jobs:  # one pass (10,000 jobs a round live)
+            state = j.state
+            if state is running:
+                t = (j.spec.account, j.spec.user)
+                held[t] = held.get(t, 0) + j.gpus
+            elif state is queued or state is suspended:
+                spec = j.spec
+                t = (spec.account, spec.user)
+                k = smallest.get(t)
+                if k is None or spec.min_gpus < k:
+                    smallest[t] = spec.min_gpus
+        return any(held.get(t, 0) + k <= caps.get(t, 0) for t, k in smallest.items())
 
     def _release(self, view: ClusterView, caps: Mapping[Tenant, int], held: Counter[Tenant], need: int) -> list[Job]:
         """Running jobs of tenants above their caps to suspend for `need` GPUs: the tenant furthest above

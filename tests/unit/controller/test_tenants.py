@@ -165,3 +165,30 @@ def test_accounting_refresh_is_a_checked_config_key(tmp_path: Path) -> None:
         ctl.tick()
         clock[0] += 5
     assert _reads(backend) == 4
+
+
+def test_tenant_rows_count_held_and_waiting_in_one_pass_and_served_only_without_the_layer() -> None:
+    from slurm_gandiva.controller.tenants import tenant_rows
+    from slurm_gandiva.model import ClusterView, Job, JobSpec, JobState, Placement
+    from slurm_gandiva.selector import make_policy
+
+    topo = Topology.uniform(1, 4)
+    g = topo.all_gpus()
+    jobs = (
+        Job(JobSpec("a0", "ann", 2, 2, 0.0, account="physics"), JobState.RUNNING, Placement((g[0], g[1])),
+            attained_service=7200.0),
+        Job(JobSpec("a1", "ann", 1, 1, 0.0, account="physics"), JobState.SUSPENDED, attained_service=3600.0),
+        Job(JobSpec("a2", "ann", 1, 1, 0.0, account="physics"), JobState.DONE, attained_service=3600.0),
+        Job(JobSpec("b0", "bea", 1, 1, 0.0, account="bio")),
+    )
+    view = ClusterView(topo, jobs, now=10.0)
+    plain = {(r.account, r.user): r for r in tenant_rows(view, make_policy("fifo"))}
+    assert (plain[("physics", "ann")].held, plain[("physics", "ann")].waiting) == (2, 1)
+    assert plain[("physics", "ann")].gpu_hours == pytest.approx(4.0)  # the jobs' own service, the done one too
+    assert plain[("physics", "ann")].entitled is None
+    assert (plain[("bio", "bea")].held, plain[("bio", "bea")].waiting) == (0, 1)
+    fair = FairShare(make_policy("fifo"))
+    fair.state.update(view, fair.half_life)
+    rows = {(r.account, r.user): r for r in tenant_rows(view, fair)}
+    assert rows[("physics", "ann")].gpu_hours == pytest.approx(4.0)  # the layer's decayed usage
+    assert (rows[("physics", "ann")].entitled, rows[("bio", "bea")].entitled) == (3, 1)

@@ -87,3 +87,28 @@ def test_config_fairness_keys_are_checked() -> None:
         parse_config("quantum = 60\nfairness = tickets\n")
     with pytest.raises(ConfigError, match=r"^gandiva\.conf:1: fairness_half_life must be a positive"):
         parse_config("fairness_half_life = -1\n")
+
+
+def test_the_one_pass_paths_count_what_the_properties_did() -> None:
+    """tenant_demand without limits, _starves and TenantUsage read every job once a round (10,000 live):
+    finished jobs add no demand, suspended ones wait, never-served jobs are not remembered."""
+    from slurm_gandiva.selector.fairshare import tenant_demand
+
+    jobs = [job("a0", "alice", at=G[0], served=50.0), job("a1", "alice", gpus=2)]
+    jobs += [job("b0", "bob", at=G[1], served=20.0).evolve(state=JobState.SUSPENDED, placement=None)]
+    jobs += [job("b1", "bob", gpus=3).evolve(state=JobState.DONE), job("b2", "bob", gpus=4)]
+    view = ClusterView(TOPO, tuple(jobs), now=100.0)
+    assert tenant_demand(view) == {("", "alice"): 3, ("", "bob"): 5}
+    state = TenantUsage()
+    state.update(view, half_life=1e9)
+    assert state.seen == {"a0": 50.0, "b0": 20.0}
+    assert state.usage == {("", "alice"): 50.0, ("", "bob"): 20.0}
+    # bob holds nothing, his smallest waiting job (b0, 1 GPU) fits his cap of 1; alice's 2-GPU one does not fit 1
+    assert FairShare._starves(view, {("", "alice"): 2, ("", "bob"): 1})
+    assert not FairShare._starves(view, {("", "alice"): 2, ("", "bob"): 0})
+
+
+def test_one_tenant_is_decided_by_the_inner_policy_alone() -> None:
+    jobs = tuple(job(f"a{i}", "alice") for i in range(3))
+    view = ClusterView(TOPO, jobs, now=0.0)
+    assert FairShare(make_policy("fifo")).decide(view, 0.0) == make_policy("fifo").decide(view, 0.0)

@@ -119,3 +119,25 @@ def test_a_shortfall_no_waiting_job_fits_in_is_not_held_idle() -> None:
     assert fair.caps(view) == {("", "alice"): 4, ("", "bob"): 4}
     plan = fair.decide(view, 600.0)
     assert [(d.action, d.job_id) for d in plan.decisions] == [(Action.START, "a4")]
+
+
+def test_gpus_a_dropped_take_was_given_go_to_another_tenants_waiting_job() -> None:
+    """Fifo gives the 4 free GPUs to alice's 4-GPU job, past her cap of 4 (she holds 2): the start is dropped,
+    and the layer decides again without it, so that bob (2 short of his cap) starts his two 1-GPU jobs
+    instead of the 4 GPUs idling round after round (bench_fairness (b), gandiva +shares: 34 GPUs idle for
+    hours while jobs of tenants below their caps waited)."""
+    topo = Topology.uniform(3, 4)
+    g = topo.all_gpus()
+    jobs = [Job(JobSpec(f"a{i}", "alice", 1, 1, 0.0), JobState.RUNNING, Placement((g[i],))) for i in range(2)]
+    jobs.append(Job(JobSpec("a-big", "alice", 4, 4, 0.0)))
+    jobs += [Job(JobSpec(f"b{i}", "bob", 1, 1, 0.0), JobState.RUNNING, Placement((g[2 + i],))) for i in range(2)]
+    jobs += [Job(JobSpec(f"b{i}", "bob", 1, 1, 10.0)) for i in range(2, 4)]
+    jobs += [Job(JobSpec(f"c{i}", "carol", 1, 1, 0.0), JobState.RUNNING, Placement((g[4 + i],))) for i in range(4)]
+    jobs.append(Job(JobSpec("c4", "carol", 1, 1, 0.0)))
+    view = ClusterView(topo, tuple(jobs), now=600.0)
+    fair = FairShare(make_policy("fifo"))
+    assert fair.caps(view) == {("", "alice"): 4, ("", "bob"): 4, ("", "carol"): 4}
+    plan = fair.decide(view, 600.0)
+    assert sorted(d.job_id for d in plan.by_action(Action.START)) == ["b2", "b3"]
+    assert not plan.by_action(Action.SUSPEND)
+    assert not plan.apply(view).consistency_errors()
