@@ -125,6 +125,8 @@ def test_a_start_that_an_accounting_limit_holds_back_fails_at_once_and_is_held_a
         for jid in ids:
             backend.cancel(jid)
         acct_cluster.sacctmgr(["modify", "account", "physics", "set", "GrpTRES=gres/gpu=-1"])
+        # Gone from squeue before the next test lists the queue (a cancelled job shows while it completes).
+        wait_for(lambda: not _queued(acct_cluster), timeout=60, what="the test's jobs to leave the queue")
 
 
 def test_a_cluster_without_accounting_says_so_in_one_line(slurm: SlurmBackend) -> None:

@@ -140,10 +140,15 @@ def test_array_tasks_are_time_sliced_throttled_and_cancelled_one_by_one(
     victim = f"{array}_1"
     with ArrayWatch(slurm, array) as watch:
         wait_for(lambda: slurm_states().get(victim) == "RUNNING", 90, f"task {victim} to run")
-        sq = subprocess.run([GANDIVA, "squeue", "--config", str(env.conf)], capture_output=True, text=True,
-                            env={**os.environ, **env.cluster.env}, timeout=60)
-        assert sq.returncode == 0, sq.stderr
-        assert all(jid in sq.stdout for jid in tasks), sq.stdout
+
+        def listed() -> str | None:
+            sq = subprocess.run([GANDIVA, "squeue", "--config", str(env.conf)], capture_output=True, text=True,
+                                env={**os.environ, **env.cluster.env}, timeout=60)
+            assert sq.returncode == 0, sq.stderr
+            return sq.stdout if all(jid in sq.stdout for jid in tasks) else None
+
+        # Every task, once the controller has registered them all (a few rounds: slower on a loaded machine).
+        assert "running" in wait_for(listed, 60, "gandiva squeue to list every task")
         time.sleep(1)
         cancelled = run_as(test_user, [GANDIVA, "cancel", victim], slurm_env)
         assert cancelled.returncode == 0, cancelled.stderr
