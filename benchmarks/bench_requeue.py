@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_requeue_park import bench_inplace, table
+from bench_requeue_park import bench_inplace, table, wait
 
 from job_wrapper.launcher import process_started
 from slurm_gandiva.devcluster.cluster import SCHEDULER_PARAMETERS, DevCluster
@@ -122,16 +122,6 @@ def events(files: JobFiles) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
-
-
-def wait(probe: Any, timeout: float, what: str, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(interval)
-    raise SystemExit(f"bench_requeue: timed out after {timeout:.0f} s waiting for {what}")
 
 
 def event_after(files: JobFiles, name: str, after: float, timeout: float = 180.0) -> dict[str, Any]:

@@ -158,7 +158,8 @@ def _script(state_dir: str, train_args: list[str]) -> str:
     )
 
 
-def _wait(probe: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
+def wait(probe: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
+    """`probe()` once it is truthy; exits with one line after `timeout` seconds (the benchmarks' one wait)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = probe()
@@ -169,7 +170,7 @@ def _wait(probe: Callable[[], Any], timeout: float, what: str, interval: float =
 
 
 def _event(files: JobFiles, name: str, after: float, what: str) -> dict[str, Any]:
-    got: dict[str, Any] = _wait(
+    got: dict[str, Any] = wait(
         lambda: next((e for e in read_events(files.events) if e["event"] == name and e["time"] >= after), None),
         60.0,
         what,
@@ -178,7 +179,7 @@ def _event(files: JobFiles, name: str, after: float, what: str) -> dict[str, Any
 
 
 def _progress(files: JobFiles, pred: Callable[[Progress], bool], what: str) -> Progress:
-    got: Progress = _wait(lambda: (p := read_progress(files.progress)) is not None and pred(p) and p, 180.0, what)
+    got: Progress = wait(lambda: (p := read_progress(files.progress)) is not None and pred(p) and p, 180.0, what)
     return got
 
 
