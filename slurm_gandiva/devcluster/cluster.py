@@ -469,8 +469,9 @@ class DevCluster:
             self.sacctmgr(["add", "cluster", "gandiva"])
 
     def start_slurmdbd(self) -> list[str]:
-        """Start slurmdbd (if it is not running) and wait until it answers; the clusters it knows."""
-        self._start("slurmdbd", self._acct.dbd_port, ["slurmdbd"])
+        """Start slurmdbd (if it is not running) and wait until it answers; the clusters it knows. A slurmdbd
+        that exits while it starts is started once more: it stops for good on a database query that fails at
+        its start (25.11's collation check, seen with three accounting clusters starting at once on 2 cores)."""
         clusters: list[str] = []
 
         def dbd_answers() -> bool:
@@ -478,7 +479,14 @@ class DevCluster:
             clusters[:] = out.stdout.split()
             return out.returncode == 0
 
-        self._wait_for("slurmdbd", dbd_answers, DBD_START_TIMEOUT_S)
+        for attempt in range(2):
+            self._start("slurmdbd", self._acct.dbd_port, ["slurmdbd"])
+            try:
+                self._wait_for("slurmdbd", dbd_answers, DBD_START_TIMEOUT_S)
+                return clusters
+            except DevClusterError:
+                if attempt or self._pid("slurmdbd") is not None:
+                    raise
         return clusters
 
     def stop_slurmdbd(self, *, timeout: float = 15.0) -> None:

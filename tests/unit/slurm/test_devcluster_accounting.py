@@ -75,3 +75,30 @@ def test_stop_slurmdbd_stops_it_alone(tmp_path: Path) -> None:
         for p in (dbd, other):
             p.kill()
             p.wait()
+
+
+def test_a_slurmdbd_that_dies_at_its_start_is_started_once_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurm_gandiva.devcluster.cluster import DevClusterError
+
+    c = DevCluster(tmp_path / "s", port_base=30000, capabilities=R24, accounting=True)
+    starts: list[str] = []
+    waits = iter([DevClusterError("slurmdbd did not come up (fatal: _check_database_collations)"), None])
+
+    def wait_for(daemon: str, ready: object, timeout: float) -> None:
+        err = next(waits)
+        if err is not None:
+            raise err
+
+    monkeypatch.setattr(c, "_start", lambda name, port, argv, **kw: starts.append(name))
+    monkeypatch.setattr(c, "_wait_for", wait_for)
+    monkeypatch.setattr(c, "_pid", lambda name: None)  # it exited
+    c.start_slurmdbd()
+    assert starts == ["slurmdbd", "slurmdbd"]
+    # Still running but not answering (or failing twice): the error stands, no third start.
+    waits = iter([DevClusterError("slurmdbd did not come up")])
+    monkeypatch.setattr(c, "_pid", lambda name: 4242)
+    with pytest.raises(DevClusterError):
+        c.start_slurmdbd()
+    assert starts == ["slurmdbd", "slurmdbd", "slurmdbd"]
