@@ -152,23 +152,22 @@ def _switch(proto: RequeueProtocol, job_id: str, op: Op, timeout: float) -> OpRe
     run.do(Step.WRITE_REQUEST, write)
     proto._signal(run)
 
+    reported: list[str | None] = [None]  # the job's own state for this request, as last read
+
+    def handled(j: SlurmJob) -> bool:
+        reported[0] = _state(_progress(files, user), seq)
+        return reported[0] in (want, "done", "failed", "suspended") or phase(j) is not Phase.RUNNING
+
     def wait() -> str:
-        deadline = proto.clock() + timeout
-        while True:
-            got = _state(_progress(files, user), seq)
-            if got == want:
-                return f"{want} (request {seq})"
-            j = proto.read_job(job_id)
-            if j.finished or phase(j) is not Phase.RUNNING:
-                return f"job is {j.state}"
-            if got in ("done", "failed", "suspended"):
-                return f"job reports {got}"
-            if proto.clock() >= deadline:
-                return f"timeout after {timeout:.0f} s"
-            proto.sleep(proto.poll_interval)
+        j, ok = proto._wait(job_id, handled, timeout)
+        if reported[0] == want:
+            return f"{want} (request {seq})"
+        if ok and phase(j) is Phase.RUNNING:
+            return f"job reports {reported[0]}"
+        return f"job is {j.state}" if ok or j.finished else f"timeout after {timeout:.0f} s"
 
     detail = run.do(Step.WAIT_SWITCH, wait)
-    if detail.startswith(want):
+    if reported[0] == want:
         return run.result(Outcome.PARKED if op is Op.PARK else Outcome.RUNNING)
     job = proto.read_job(job_id)
     if job.finished:
