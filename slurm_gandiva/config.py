@@ -56,6 +56,10 @@ class ControllerConfig:
     fairness: str = "none"
     fairness_half_life: float = 7 * 86400.0
     accounting_refresh: float = 60.0
+    # Co-held GPUs (issue 31, controller/cohold.py): jobs taking turns on the same GPUs each hold a shard of
+    # them and switch in place (park / unpark) instead of through the requeue protocol. Needs a Slurm whose
+    # held jobs switch between shards and whole GPUs (`SlurmCapabilities.packing`); elsewhere it stays off.
+    co_hold: bool = False
     source: str = "<defaults>"
 
     @property
@@ -141,6 +145,15 @@ def _fairness(v: str) -> str:
     return v.lower()
 
 
+def _yes_no(v: str) -> bool:
+    low = v.strip().lower()
+    if low in ("yes", "true", "on", "1"):
+        return True
+    if low in ("no", "false", "off", "0"):
+        return False
+    raise ValueError
+
+
 def _url(v: str) -> str:
     if "://" not in v:
         raise ValueError
@@ -181,6 +194,10 @@ _KEYS: dict[str, tuple[Callable[[str], object], str, str]] = {
     "accounting_refresh": (
         _positive_seconds, "accounting_refresh",
         "accounting_refresh must be a positive number of seconds (how often shares and GPU limits are read again)",
+    ),
+    "co_hold": (
+        _yes_no, "co_hold",
+        "co_hold must be yes or no (jobs taking turns on the same GPUs switch in place, each holding a shard)",
     ),
 }
 _ALIASES = {"database": "database_url", "db": "database_url", "topology": "topology_file"}

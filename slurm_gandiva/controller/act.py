@@ -31,6 +31,7 @@ from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 from typing import Protocol
 
+from slurm_gandiva.controller.cohold import slurm_placement, view_placement
 from slurm_gandiva.errors import GandivaError, LimitRefusal, ProtocolError
 from slurm_gandiva.model import GpuRef, JobState, Placement
 from slurm_gandiva.plan import Action, Decision, Plan
@@ -46,6 +47,7 @@ CRASH_EXIT = 137
 
 SLICE_END_FOR = {
     Action.SUSPEND: SliceEnd.QUANTUM,
+    Action.PARK: SliceEnd.QUANTUM,
     Action.MIGRATE: SliceEnd.MIGRATE,
     Action.RESIZE: SliceEnd.RESIZE,
     Action.PACK: SliceEnd.PACK,
@@ -141,6 +143,8 @@ class Actor:
         self.should_stop = should_stop
         self.protocol: Operations | None = None
         self.metrics = metrics
+        self.co_hold = 0  # jobs on up to this many whole GPUs of one node hold shards (`cohold.co_hold_gpus`)
+        self.parked: frozenset[str] = frozenset()  # jobs parked on co-held GPUs when the plan was made
         self._lock = threading.Lock()
         self._decision_of: dict[str, int] = {}  # job id -> decision id while its operation runs
         self._open_steps: dict[tuple[str, str], int] = {}  # (job id, step) -> step record id
@@ -255,6 +259,8 @@ class Actor:
                 and not hard[i]
                 and i not in places
                 and deps[i] <= running.keys() | results.keys()
+                # a parking job keeps a shard: Slurm would start this one beside it while it still computes
+                and not any(ds[j].action is Action.PARK and j not in results for j in deps[i])
             )
 
         def until_free(i: int) -> None:
@@ -384,7 +390,7 @@ class Actor:
     ) -> ActResult:
         """Leave a STARTING job's start to run on after the round; its decision stays open until it runs.
         A move's old slice ends now, when the job stopped, as `_record` would end it."""
-        placement = res.placement or d.placement
+        placement = view_placement(res.placement, d.placement) or d.placement
         assert placement is not None
         if d.action not in (Action.START, Action.RESUME):
             try:
@@ -426,13 +432,23 @@ class Actor:
         assert self.protocol is not None
         if d.action is Action.SUSPEND:
             return self.protocol.suspend(d.job_id, signal=job_signal(self.store, d.job_id))
+        if d.action is Action.PARK:
+            return self.protocol.park(d.job_id)
+        if d.action is Action.UNPARK:
+            return self.protocol.unpark(d.job_id)
         assert d.placement is not None, f"{d.action.value} without a placement"
+        where = slurm_placement(d.placement, self.co_hold)
+        if d.action is Action.RESUME and d.job_id in self.parked:
+            # A parked job placed elsewhere: requeued from host memory (it checkpoints), then started there.
+            return self.protocol.migrate(
+                d.job_id, where, signal=job_signal(self.store, d.job_id), on_stopped=on_stopped, defer=defer
+            )
         if d.action in (Action.START, Action.RESUME):
-            return self.protocol.resume(d.job_id, d.placement, until_free=until_free, defer=defer)
+            return self.protocol.resume(d.job_id, where, until_free=until_free, defer=defer)
         sig = job_signal(self.store, d.job_id)
         if d.action is Action.RESIZE:
-            return self.protocol.resize(d.job_id, d.placement, signal=sig, on_stopped=on_stopped, defer=defer)
-        return self.protocol.migrate(d.job_id, d.placement, signal=sig, on_stopped=on_stopped, defer=defer)
+            return self.protocol.resize(d.job_id, where, signal=sig, on_stopped=on_stopped, defer=defer)
+        return self.protocol.migrate(d.job_id, where, signal=sig, on_stopped=on_stopped, defer=defer)
 
     def _close(self, job_id: str, end: float, reason: SliceEnd) -> None:
         if self.store.close_slice(job_id, end, reason) is not None and self.metrics is not None:
@@ -464,14 +480,21 @@ class Actor:
             detail = res.detail or "the job finished instead"
             self._outcome(d, did, StoreOutcome.ABANDONED, detail, now)
             return ActResult(d, StoreOutcome.ABANDONED, detail, res, did)
-        if d.action is Action.SUSPEND:
+        if d.action in (Action.SUSPEND, Action.PARK):
             self._close(jid, now, SliceEnd.QUANTUM)
             self.store.set_job_state(jid, JobState.SUSPENDED, at=now)
+        elif d.action is Action.UNPARK and res.outcome is not Outcome.RUNNING:
+            # Escalated: it did not unpark in time and went the requeue path (it stays suspended).
+            detail = f"{res.outcome.value} in {res.seconds:.2f} s: {res.detail}"
+            self.store.set_job_state(jid, JobState.SUSPENDED, at=now)
+            self._outcome(d, did, StoreOutcome.FAILED, detail, now)
+            log.warning("job %s: unpark -> %s", jid, detail)
+            return ActResult(d, StoreOutcome.FAILED, detail, res, did)
         else:
             assert d.placement is not None
-            if d.action not in (Action.START, Action.RESUME):
+            if d.action not in (Action.START, Action.RESUME, Action.UNPARK):
                 self._close_stopped(d, res, t0, now)
-            self._open(jid, res.placement or d.placement, now)
+            self._open(jid, view_placement(res.placement, d.placement) or d.placement, now)
             self.store.set_job_state(jid, JobState.RUNNING, at=now)
         detail = f"{res.outcome.value} in {res.seconds:.2f} s" + (f": {res.detail}" if res.detail else "")
         self._outcome(d, did, StoreOutcome.SUCCEEDED, detail, now)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from slurm_gandiva.controller.cohold import view_placement
 from slurm_gandiva.model import (
     STARTUP_GRACE_S,
     ClusterView,
@@ -250,6 +251,9 @@ class JobInputs:
     # Where the job is starting, its start running on from an earlier round (`Actor.starting`): Slurm shows
     # it pending until it runs, but those GPUs are its own.
     starting: Placement | None = None
+    # The GPUs the job co-holds while parked (`controller.cohold`): Slurm runs it, the policies see it
+    # suspended.
+    parked: Placement | None = None
 
 
 def job_from(inp: JobInputs, topology: Topology, now: float, max_nodes: int | None = None) -> Job:
@@ -257,13 +261,18 @@ def job_from(inp: JobInputs, topology: Topology, now: float, max_nodes: int | No
     controller's `max_nodes`; None: any)."""
     sj, slices = inp.slurm, inp.slices
     state = slurm_state(sj, slices)
-    placement = held_placement(sj) if state is JobState.RUNNING else None
+    open_slice = next((s for s in slices if s.is_open), None)
+    placement = None
+    if state is JobState.RUNNING:
+        # A job still starting has no open slice yet: where its start put it is where it runs.
+        placement = view_placement(held_placement(sj), open_slice.placement if open_slice else inp.starting)
+    if inp.parked is not None and state is JobState.RUNNING:
+        state, placement = JobState.SUSPENDED, None
     starting = inp.starting is not None and sj.pending
     if starting:
         state, placement = JobState.RUNNING, inp.starting
     if state is JobState.RUNNING and placement is None:
         log.warning("job %s runs but Slurm reports no GPUs for it", sj.job_id)
-    open_slice = next((s for s in slices if s.is_open), None)
     closed = [s for s in slices if not s.is_open]
     last = max(closed, key=lambda s: s.seq, default=None)
     attained = sum(s.elapsed(now) * s.placement.count for s in slices)

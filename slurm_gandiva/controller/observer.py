@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_gandiva.controller.arrays import GroupSpecs, grouped_spec, with_array_groups
 from slurm_gandiva.controller.claims import CLAIM_IGNORED, ClaimJudge, Verdict
+from slurm_gandiva.controller.cohold import ParkedJobs, co_hold_gpus, co_hold_view
 from slurm_gandiva.controller.observe import (
     JobInputs,
     JobMemo,
@@ -30,6 +31,7 @@ from slurm_gandiva.controller.observe import (
     ProgressReader,
     build_view,
     foreign_gpus,
+    held_placement,
 )
 from slurm_gandiva.controller.tenants import TenantsCache
 from slurm_gandiva.errors import GandivaError, JobFileError
@@ -67,6 +69,8 @@ class Observer:
         self.file_problems: dict[str, str] = {}  # job id -> why its files were refused (last round)
         self.claims = ClaimJudge()
         self.tenants = TenantsCache(backend, store, clock)  # Slurm's shares and GPU limits, cached
+        self.parked = ParkedJobs(store)  # which running jobs are parked on co-held GPUs (controller.cohold)
+        self._parked_bytes: dict[str, int] = {}  # job id -> device state it held when it last parked
         self.claim_problems: Mapping[str, str] = {}  # job id -> why its claim of finishing is ignored (last round)
         self._trials: dict[str, Trial] = {}
         self._failed_trials: dict[str, frozenset[TrialKind]] = {}
@@ -103,6 +107,7 @@ class Observer:
         inputs: list[JobInputs] = []
         problems: dict[str, str] = {}
         no_slices: list[Any] = []
+        parked: dict[str, Placement] = {}
         for jid, rec in records.items():
             sj = managed[jid]
             prog = self._progress_now(jid, rec, sj, config.job_root, problems)
@@ -112,6 +117,9 @@ class Observer:
             job_rates = rates.get(jid, ())
             trial = self._trials.get(jid)
             failed = self._failed_trials.get(jid, _NO_TRIALS)
+            at = self._parked_at(rec, sj, slices, prog)
+            if at is not None:
+                parked[jid] = at
             # A job whose every input is the very object of the last round (most waiting jobs: the
             # backend, the store's memo and the progress memo hand out the same objects while nothing
             # changes) keeps its JobInputs: the group spec, the speed-up and the record are not made again.
@@ -119,6 +127,7 @@ class Observer:
             if (
                 seen is not None and not slices and seen[0] is sj and seen[1] is rec and seen[2] is job_rates
                 and seen[3] is prog and seen[4] is trial and seen[5] is failed and jid not in starting
+                and jid not in parked
             ):
                 inputs.append(seen[6])
                 continue
@@ -132,6 +141,7 @@ class Observer:
                 failed_trials=failed,
                 speedup=self.speedup(rec.spec.model, rec.spec.max_gpus) if rec.spec.elastic else None,
                 starting=starting.get(jid),
+                parked=parked.get(jid),
             )
             if slices:
                 self._inputs_memo.pop(jid, None)
@@ -162,12 +172,33 @@ class Observer:
         tenants = self.tenants.current(config.fairness, config.accounting_refresh)
         if tenants is not None:
             view = replace(view, tenants=tenants)
+        most = co_hold_gpus(config.co_hold, caps)
+        if most or parked:  # jobs parked before co_hold was turned off still unpark, or leave their GPUs
+            running = {j.job_id: j.placement for j in view.running if j.placement is not None} if most else {}
+            mem = {jid: managed[jid].min_memory_per_node for jid in running.keys() | parked.keys()}
+            co = co_hold_view(running, parked, self._parked_bytes, mem, snap.nodes, most)
+            view = replace(view, co_hold=co)
+        for jid in self._parked_bytes.keys() - records.keys():
+            del self._parked_bytes[jid]
+        self.parked.forget(records)
         for memo in (self._job_memo, self._progress_memo, self._group_specs, self._inputs_memo):
             for jid in memo.keys() - records.keys():
                 del memo[jid]
         self.claims.forget(records)
         self.store.retain(j.job_id for j in snap.jobs)
         return Observation(view, snap, managed, records, progress, problems, verdict.standing)
+
+    def _parked_at(
+        self, rec: JobRecord, sj: SlurmJob, slices: Any, prog: ProgressLike | None
+    ) -> Placement | None:
+        """The GPUs a parked job co-holds (None: it is not parked); notes the device state it reported."""
+        if not self.parked.is_parked(rec, sj, any(s.is_open for s in slices)):
+            return None
+        held = held_placement(sj)
+        reported = getattr(prog, "parked_bytes", None)
+        if isinstance(reported, int) and reported >= 0:
+            self._parked_bytes[sj.job_id] = reported
+        return Placement(held.gpus) if held is not None else None
 
     def _progress_now(
         self, job_id: str, rec: JobRecord, sj: SlurmJob, job_root: Path, problems: dict[str, str]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from slurm_gandiva.controller.act import SLICE_END_FOR, finished_job_state, finished_slice_end, job_signal
 from slurm_gandiva.controller.arrays import Untracked, array_window
+from slurm_gandiva.controller.cohold import ParkedJobs, same_place, slurm_placement, view_placement
 from slurm_gandiva.controller.observe import held_placement, is_managed, requested_gpu_count
 from slurm_gandiva.errors import GandivaError, JobFileError
 from slurm_gandiva.model import GpuRef, JobState, Placement, placeable
@@ -178,6 +179,8 @@ class Reconciler:
         self._rounds = 0  # rounds settled: who gets a budget's remainder turns round
         self._arrays_held: set[str] = set()  # arrays held whole in the last round
         self.managed = ManagedJobs(self.partitions)
+        self.parked = ParkedJobs(store)  # the controller hands in the observer's (one memo of parked jobs)
+        self.co_hold = 0  # a recovered start on up to this many whole GPUs holds shards (`cohold.co_hold_gpus`)
 
     def _note(self, out: list[Finding], kind: str, job_id: str, detail: str) -> None:
         log.info("reconcile: job %s: %s: %s", job_id, kind, detail)
@@ -346,7 +349,9 @@ class Reconciler:
             placement = held_placement(sj)
             if placement is None:
                 return
-            if current is not None and current.placement != placement:
+            if current is None and self.parked.is_parked(rec, sj, has_open_slice=False):
+                return  # parked on co-held GPUs: Slurm runs it, the store has it suspended (controller.cohold)
+            if current is not None and not same_place(current.placement, placement):
                 self.store.close_slice(jid, now, SliceEnd.REQUEUED)
                 self._note(out, "moved", jid, f"store had {current.placement}, Slurm shows {placement}")
                 current = None
@@ -406,6 +411,9 @@ class Reconciler:
             self.store.record_outcome(d.id, StoreOutcome.ABANDONED, "the job is gone", self.clock())
             self._note(out, "abandoned", d.job_id, f"{d.action.value}: the job finished meanwhile")
             return
+        if d.action in (Action.PARK, Action.UNPARK):
+            self._recover_switch(d, protocol, out)
+            return
         ph = phase(sj)
         stops = d.action not in (Action.START, Action.RESUME)
         if ph is Phase.RUNNING and stops and self._signalled(d):
@@ -424,22 +432,45 @@ class Reconciler:
             return
         assert d.placement is not None
         target = d.placement
-        if ph is Phase.RUNNING and held_placement(sj) == target:
+        held = held_placement(sj)
+        if ph is Phase.RUNNING and held is not None and same_place(target, held):
             self._record_running(d, target, f"already running on {target} (was {ph.value})", out)
             return
-        if self._gpus_taken(target, d.job_id, jobs.values()):
+        if self._gpus_taken(slurm_placement(target, self.co_hold), d.job_id, jobs.values()):
             self._roll_back(d, sj, protocol, out)
             return
+        where = slurm_placement(target, self.co_hold)
         if d.action in (Action.START, Action.RESUME):
-            res = protocol.resume(d.job_id, target)
+            res = protocol.resume(d.job_id, where)
         elif d.action is Action.RESIZE:
-            res = protocol.resize(d.job_id, target, signal=job_signal(self.store, d.job_id))
+            res = protocol.resize(d.job_id, where, signal=job_signal(self.store, d.job_id))
         else:
-            res = protocol.migrate(d.job_id, target, signal=job_signal(self.store, d.job_id))
+            res = protocol.migrate(d.job_id, where, signal=job_signal(self.store, d.job_id))
         if res.outcome is Outcome.FINISHED:
             self.store.record_outcome(d.id, StoreOutcome.ABANDONED, res.detail, self.clock())
             return
-        self._record_running(d, res.placement or target, f"finished after restart (was {ph.value})", out)
+        at = view_placement(res.placement, target) or target
+        self._record_running(d, at, f"finished after restart (was {ph.value})", out)
+
+    def _recover_switch(self, d: DecisionRecord, protocol: Operations, out: list[Finding]) -> None:
+        """Finish a park or unpark cut short (both idempotent: a job that already switched is left as it is).
+        Intents are recorded in order (an unpark's only after the park of the job it replaces is done), so
+        finishing them oldest first never leaves two jobs computing on co-held GPUs."""
+        res = protocol.park(d.job_id) if d.action is Action.PARK else protocol.unpark(d.job_id)
+        now = self.clock()
+        if res.outcome is Outcome.FINISHED:
+            self.store.record_outcome(d.id, StoreOutcome.ABANDONED, res.detail, now)
+            return
+        detail = f"{res.outcome.value} after restart"
+        if d.action is Action.UNPARK and res.outcome is Outcome.RUNNING:
+            assert d.placement is not None
+            self._record_running(d, d.placement, detail, out)
+            return
+        self.store.close_slice(d.job_id, now, SliceEnd.QUANTUM)
+        self.store.set_job_state(d.job_id, JobState.SUSPENDED, at=now)
+        ok = d.action is Action.PARK
+        self.store.record_outcome(d.id, StoreOutcome.SUCCEEDED if ok else StoreOutcome.FAILED, detail, now)
+        self._note(out, f"finished-{d.action.value}", d.job_id, detail)
 
     def _signalled(self, d: DecisionRecord) -> bool:
         """Whether the crashed controller already signalled the job for decision `d` (store or wrapper says so)."""

@@ -32,6 +32,7 @@ from typing import Any, cast
 from slurm_gandiva.config import ControllerConfig, load_config
 from slurm_gandiva.controller.act import CRASH_ENV, Actor, ActResult
 from slurm_gandiva.controller.arrays import array_members, array_places
+from slurm_gandiva.controller.cohold import co_hold_gpus
 from slurm_gandiva.controller.observe import Observation, ProgressReader
 from slurm_gandiva.controller.observer import Observer
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
@@ -204,6 +205,13 @@ class Controller:
         self.reconciler = self._make_reconciler()
         self._reconciled = False
 
+    def _co_hold(self) -> int:
+        """The most GPUs of a job held as shards (`cohold.co_hold_gpus`; 0: co-holding off), told the actor and
+        the reconciler."""
+        most = co_hold_gpus(self.config.co_hold, self.backend.capabilities())
+        self.actor.co_hold = self.reconciler.co_hold = most
+        return most
+
     def _make_protocol(self) -> Operations:
         """The requeue protocol. The actor and the reconciler name each job's own signal (`act.job_signal`);
         jobs without one are stopped with the configured signal."""
@@ -220,7 +228,7 @@ class Controller:
         )
 
     def _make_reconciler(self) -> Reconciler:
-        return Reconciler(
+        rec = Reconciler(
             self.backend,
             self.store,
             partitions=self.config.partitions,
@@ -229,6 +237,8 @@ class Controller:
             stop_timeout=self.config.suspend_timeout,
             max_registrations=self.config.max_registrations,
         )
+        rec.parked = self.observer.parked  # one memo of which jobs are parked
+        return rec
 
     # -- observe --------------------------------------------------------------------------------------
     def observe(self, snap: Snapshot, starting: Mapping[str, Placement] | None = None) -> Observation:
@@ -245,6 +255,7 @@ class Controller:
     def reconcile(self) -> tuple[Finding, ...]:
         """Startup: finish or roll back half-done decisions, then settle the store with Slurm."""
         with self._lock:
+            self._co_hold()
             snap = self.backend.snapshot()
             found = self.reconciler.recover(snap, self.protocol)
             found += self.reconciler.settle(self.backend.snapshot())
@@ -300,6 +311,7 @@ class Controller:
         view: ClusterView | None = None
         try:
             self._note_failures(self.actor.ended_starts())
+            self._co_hold()
             starting = self.actor.starting()
             snap = self.backend.snapshot()
             findings = self.reconciler.settle(snap, starting)
@@ -320,6 +332,9 @@ class Controller:
                 self.store.record_event("bad-plan", None, msg, now)
                 return self._report(TickReport(now, view, plan, (), findings, f"bad plan: {msg}"))
             held = {j.job_id: j.placement for j in view.running if j.placement is not None}
+            parked = view.co_hold.parked if view.co_hold is not None else {}
+            held.update(parked)  # a parked job holds a shard of its GPUs until it unparks or leaves them
+            self.actor.parked = frozenset(parked)
             ties = self.backend.capabilities().requeue_keeps_gpu_indices
             last = self.observer.last_placements(plan) if ties and plan else {}
             groups, room = array_places(obs.managed) if plan else ({}, {})

@@ -134,7 +134,7 @@ Journal = Callable[[StepEvent], None]
 
 
 class Operations(Protocol):
-    """The four operations (`RequeueProtocol`'s; the controller's fakes in tests). Each stops a running job
+    """The operations (`RequeueProtocol`'s; the controller's fakes in tests). Each stops a running job
     with `signal`, the one that job catches (None: the protocol's configured one); all are idempotent."""
 
     def suspend(self, job_id: str, *, signal: str | None = None) -> OpResult: ...
@@ -167,6 +167,14 @@ class Operations(Protocol):
         on_stopped: Callable[[], None] | None = None,
         defer: bool = False,
     ) -> OpResult: ...
+
+    def park(self, job_id: str) -> OpResult:
+        """Park a running job on its co-held GPUs (PARKED; ESCALATED / FINISHED as `parking.park` says)."""
+        ...
+
+    def unpark(self, job_id: str) -> OpResult:
+        """Let a parked job compute again (RUNNING; ESCALATED / FINISHED as `parking.unpark` says)."""
+        ...
 
 
 def is_held(job: SlurmJob) -> bool:

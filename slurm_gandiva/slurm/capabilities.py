@@ -60,6 +60,8 @@ class SlurmCapabilities:
     # Slurm counts memory as a consumable resource (SelectTypeParameters CR_*_Memory): a node's jobs hold
     # their --mem, and a job starts only where its memory is free. Otherwise memory is not allocated.
     memory_consumable: bool = False
+    # SelectTypeParameters names MULTIPLE_SHARING_GRES_PJ (see `multiple_sharing_gres_param`).
+    multiple_sharing_gres_set: bool = False
 
     @property
     def release_text(self) -> str:
@@ -71,6 +73,11 @@ class SlurmCapabilities:
         """Packing (two jobs on shards of one GPU, moved back to whole GPUs) is safe on the live cluster:
         Slurm itself keeps gpu and shard apart and a held job can switch between them."""
         return self.gpu_shard_exclusive and self.gres_kind_switch
+
+    @property
+    def shards_on_several_gpus(self) -> bool:
+        """One job may hold shards of several GPUs of a node (a co-held job on more than one GPU)."""
+        return not self.multiple_sharing_gres_param or self.multiple_sharing_gres_set
 
     @classmethod
     def for_release(
@@ -93,6 +100,7 @@ class SlurmCapabilities:
             requeue_delay_param=release >= (25, 11, 0),
             requeue_delay=delay,
             memory_consumable=memory_consumable(select_type_parameters),
+            multiple_sharing_gres_set="MULTIPLE_SHARING_GRES_PJ" in select_type_parameters.upper(),
         )
 
     @classmethod

@@ -1,9 +1,10 @@
 """Park and unpark on the real local Slurm (issue 31, items 2 and 6, the protocol part): two jobs co-hold one GPU
 (each a shard of it, as packing places them) and take turns in place, each turn a park of one and an unpark of
-the other, with no Slurm state change: both run on, never requeued, and end with the parameters of an
-uninterrupted run. Their own event logs show that the two never computed at once. A job that does not answer
-the park request goes the requeue path. Where Slurm cannot co-hold (22.05: no switching a held job between
-shards and whole GPUs), the capabilities say so and the controller keeps the requeue path.
+the other, with no Slurm state change (never requeued); then the parked one moves to a GPU of its own by the
+requeue path (a checkpoint from host memory), and both end with the parameters of an uninterrupted run.
+Their own event logs show that the two never computed at once. A job that does not answer the park request
+goes the requeue path. Where Slurm cannot co-hold (22.05: no switching a held job between shards and whole
+GPUs), the capabilities say so and the controller keeps the requeue path.
 """
 
 from __future__ import annotations
@@ -86,11 +87,14 @@ def test_two_jobs_co_held_on_one_gpu_take_turns_in_place_and_end_bit_identical(
         switches.append(res.seconds + back.seconds)
         assert progress_step(wait[1]) >= parked  # it goes on from where it parked: no checkpoint read
         run, wait = wait, run
-    assert proto.unpark(wait[0]).outcome is Outcome.RUNNING  # the last turn: both run to their end
+    # The parked one is moved to a GPU of its own by the requeue path: it checkpoints from host memory, is
+    # requeued and starts there (as the controller moves a parked job that its policy places elsewhere).
+    moved = proto.migrate(wait[0], Placement((GpuRef("n1", 1),)))
+    assert moved.outcome is Outcome.RUNNING, moved.describe()
     for jid in (a, b):
         assert wait_finished(slurm, jid) == "COMPLETED"
         job = slurm.job(jid)
-        assert job.restart_count == 0  # never requeued: every turn was in place
+        assert job.restart_count == (1 if jid == wait[0] else 0)  # every turn in place; the move requeued once
     ref_out, ref_err = ref.communicate(timeout=120)
     assert ref.returncode == 0, ref_err
     for jid in (a, b):

@@ -151,6 +151,7 @@ class FakeProtocol(Operations):
         self.gate = threading.Event()
         self.deferred: list[str] = []  # job ids the actor asked to defer, in call order
         self.signals: dict[str, str | None] = {}  # job id -> the signal its last suspend or move was given
+        self.parked: set[str] = set()  # jobs parked in place (their Slurm state does not change)
 
     def _enter(self, op: str, job_id: str, placement: Placement | None) -> None:
         with self.lock:
@@ -215,7 +216,8 @@ class FakeProtocol(Operations):
             replace(
                 j,
                 state="RUNNING",
-                gpus=gpus,
+                gpus={} if placement.shared else gpus,
+                shards=gpus if placement.shared else {},
                 nodes=placement.nodes,
                 hold=HoldKind.NONE,
                 reason="None",
@@ -274,6 +276,17 @@ class FakeProtocol(Operations):
         defer: bool = False,
     ) -> OpResult:
         return self._move(Op.RESIZE, job_id, placement, on_stopped, defer, signal)
+
+
+    def park(self, job_id: str) -> OpResult:
+        self._enter("park", job_id, None)
+        self.parked.add(job_id)
+        return OpResult(job_id, Op.PARK, Outcome.PARKED, (StepRecord(Step.WAIT_SWITCH, self.delay),))
+
+    def unpark(self, job_id: str) -> OpResult:
+        self._enter("unpark", job_id, None)
+        self.parked.discard(job_id)
+        return OpResult(job_id, Op.UNPARK, Outcome.RUNNING, (StepRecord(Step.WAIT_SWITCH, self.delay),))
 
 
 def pl(node: str, *idx: int) -> Placement:
