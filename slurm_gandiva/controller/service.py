@@ -36,7 +36,15 @@ from slurm_gandiva.controller.cohold import co_hold_gpus
 from slurm_gandiva.controller.observe import Observation, ProgressReader
 from slurm_gandiva.controller.observer import Observer
 from slurm_gandiva.controller.reconcile import Finding, Reconciler
-from slurm_gandiva.controller.tenants import TENANTS_FILE, TenantRow, tenant_rows, write_tenants
+from slurm_gandiva.controller.tenants import (
+    TENANTS_FILE,
+    USAGE_FILE,
+    TenantRow,
+    restore_usage,
+    save_usage,
+    tenant_rows,
+    write_tenants,
+)
 from slurm_gandiva.errors import ConfigError, GandivaError
 from slurm_gandiva.model import ClusterView, Placement, Topology
 from slurm_gandiva.plan import Action, Plan
@@ -379,6 +387,7 @@ class Controller:
             write_tenants(self.config.state_dir / TENANTS_FILE, rows, view.now)
         except OSError as exc:
             log.debug("cannot write the tenant table: %s", exc)
+        save_usage(self.config.state_dir / USAGE_FILE, self.policy)
         return rows
 
     def _round(self, obs: Observation) -> Plan:
@@ -392,6 +401,7 @@ class Controller:
         for jid in [j for j in self._failures if j not in known]:
             del self._failures[jid]
         inputs = RoundInputs(obs.claims, self._backoff, array_members(obs.managed), self.config.quantum)
+        restore_usage(self.config.state_dir / USAGE_FILE, self.policy, now)  # a new policy's first round only
         out = run_round(self.policy, obs.view, inputs)
         if out.spared:
             log.info("jobs %s are finishing: not stopping them this tick", ", ".join(out.spared))

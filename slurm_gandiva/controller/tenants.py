@@ -12,6 +12,12 @@ accounting: asked every `ACCOUNTING_OFF_RETRY_S`, noted once at info, without ev
 
 Each round's per-tenant table (`tenant_rows`: shares, entitled GPUs, held, waiting, decayed GPU-hours) is
 written to `<state_dir>/tenants.json` for `gandiva sshare`, and set as the per-tenant Prometheus gauges.
+
+The decayed usage the fair-share layer (and `slurm`'s multifactor priority) carries between rounds
+(`TenantUsage`) is ours alone: the tenants read from Slurm are shares and limits, not sshare's usage. So it
+is written each round to `<state_dir>/tenant_usage.json` (`save_usage`) and read back before a new
+policy's first round (`restore_usage`: at start and after a reload), decayed over the time between by
+wall clock; without it a tenant that used the cluster before a restart would start level with the others.
 """
 
 from __future__ import annotations
@@ -19,15 +25,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_gandiva.errors import GandivaError
 from slurm_gandiva.model import ClusterView, JobState, Tenants
 from slurm_gandiva.slurm.base import SlurmBackend
+
+if TYPE_CHECKING:
+    from slurm_gandiva.selector.fairshare import TenantUsage
 
 log = logging.getLogger(__name__)
 
@@ -170,3 +180,80 @@ def format_tenants(rows: list[TenantRow]) -> str:
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
+
+
+USAGE_FILE = "tenant_usage.json"  # in state_dir: the decayed usage carried between rounds, for the next controller
+_USAGE_VERSION = 1
+
+
+def usage_states(policy: object) -> dict[str, TenantUsage]:
+    """The decayed usage `policy` carries between rounds, by role: the fair-share layer's (`fairshare`) and
+    its (inner) policy's own (`policy`: `slurm`'s multifactor priority)."""
+    from slurm_gandiva.selector.fairshare import FairShare, TenantUsage
+
+    out: dict[str, TenantUsage] = {}
+    inner = policy
+    if isinstance(policy, FairShare):
+        out["fairshare"] = policy.state
+        inner = policy.inner
+    own = getattr(inner, "usage", None)
+    if isinstance(own, TenantUsage):
+        out["policy"] = own
+    return out
+
+
+def save_usage(path: Path, policy: object) -> None:
+    """`policy`'s decayed usage (`usage_states`) written for the next controller; a write that fails is
+    logged (debug, as the tenant table's) and the round goes on."""
+    from slurm_gandiva.requeue.contract import write_atomic
+
+    states = {role: s for role, s in usage_states(policy).items() if s.at is not None}
+    if not states:
+        return
+    data = {
+        "version": _USAGE_VERSION,
+        "usages": {
+            role: {"at": s.at, "usage": [[a, u, v] for (a, u), v in sorted(s.usage.items())], "seen": s.seen}
+            for role, s in states.items()
+        },
+    }
+    try:
+        write_atomic(path, json.dumps(data))
+    except OSError as exc:
+        log.debug("cannot write the tenants' decayed usage: %s", exc)
+
+
+def restore_usage(path: Path, policy: object, now: float) -> None:
+    """Before `policy`'s first round (its usage never updated): its decayed usage as `save_usage` last wrote
+    it, decayed from then at its first round. No file: from zero, nothing said; a file that cannot be read
+    or is not one `save_usage` wrote: one warning, from zero. Either way the round goes on."""
+    fresh = {role: s for role, s in usage_states(policy).items() if s.at is None}
+    if not fresh:
+        return
+    loaded: dict[str, TenantUsage] = {}
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("version") != _USAGE_VERSION:
+            raise ValueError(f"not a version {_USAGE_VERSION} usage file")
+        loaded = {role: _parse_usage(data["usages"][role]) for role in fresh if role in data["usages"]}
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("cannot read the tenants' decayed usage from %s (%s): starting from zero", path, exc)
+        loaded = {}
+    for role, s in fresh.items():
+        got = loaded.get(role)
+        s.usage, s.seen, s.at = (got.usage, got.seen, got.at) if got is not None else ({}, {}, now)
+
+
+def _parse_usage(raw: Any) -> TenantUsage:
+    from slurm_gandiva.selector.fairshare import TenantUsage
+
+    def seconds(x: Any) -> float:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+            raise ValueError(f"{x!r} is not a number of seconds")
+        return float(x)
+
+    usage = {(str(a), str(u)): seconds(v) for a, u, v in raw["usage"]}
+    seen = {str(j): seconds(v) for j, v in raw["seen"].items()}
+    return TenantUsage(usage, seen, seconds(raw["at"]))

@@ -29,7 +29,10 @@ Otherwise the inner policy decides on a view that keeps each tenant within its G
 - A tenant at or above its cap with waiting jobs is decided alone, on a view with only its jobs and the
   GPUs they hold (`only_gpus`): the inner policy rotates its jobs within its share as it would on that
   share alone. The other tenants are decided together, on their GPUs and the free ones. A placement on
-  a GPU whose shards two such groups hold is dropped (neither saw the other's shard).
+  a GPU whose shards two such groups hold is dropped (neither saw the other's shard). Where Slurm ties a
+  requeued job to its old GPU indices (`ClusterView.requeue_ties`, 22.05), a start or resume on a node
+  where another group's job that stays holds one of them is dropped too (`tied_elsewhere`: its group's
+  placement could not see that GPU held, and Slurm would leave it pending).
 - A job of a tenant at its cap may not grow (its `max_gpus` is its current count in the view).
 - The inner plans' starts, resumes and grows past a tenant's cap are dropped (its own suspends free
   places first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is
@@ -258,6 +261,7 @@ class FairShare:
         # a GPU whose shards two groups hold: neither group sees the other's shard, so neither places there
         contested = {g for g, keys in holders.items() if len(keys) > 1}
         inner_view = replace(view, jobs=tuple(j for jobs in groups.values() for j in jobs))
+        group_of = {j.job_id: key for key, jobs in groups.items() for j in jobs}
         hidden: set[str] = set()
         best: tuple[int, Plan] | None = None
         for _ in range(_PASSES):
@@ -268,6 +272,10 @@ class FairShare:
                 decisions += self.inner.decide(sub, now).decisions
             if contested:
                 decisions = [d for d in decisions if not (d.placement and contested.intersection(d.placement.gpus))]
+            tied: set[str] = set()
+            if apart and view.requeue_ties:  # a group's sub-view hides the GPUs the others hold from its ties
+                tied = {d.job_id for d in tied_elsewhere(decisions, inner_view, group_of)}
+                decisions = [d for d in decisions if d.job_id not in tied or d.action not in _TAKES]
             plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
             # A start or resume dropped past its tenant's cap leaves the GPUs the inner policy gave it idle
             # (it placed the others around it): decide again without it, so that they go to another job.
@@ -276,7 +284,7 @@ class FairShare:
             if best is None or takes > best[0]:
                 best = (takes, plan)
             kept = {id(d) for d in plan.decisions}
-            dropped = {d.job_id for d in decisions if d.action in _TAKES and id(d) not in kept}
+            dropped = {d.job_id for d in decisions if d.action in _TAKES and id(d) not in kept} | tied
             if not dropped - hidden:
                 break
             hidden |= dropped
@@ -327,6 +335,37 @@ class FairShare:
             over[t] -= j.gpus
             need -= j.gpus
         return out
+
+
+def tied_elsewhere(
+    decisions: list[Decision], view: ClusterView, group_of: Mapping[str, Tenant | None]
+) -> list[Decision]:
+    """The starts and resumes a Slurm that ties requeued jobs (`ClusterView.requeue_ties`) would leave
+    pending: the job is placed on a node where a running job of another group, which `decisions` leave
+    there, holds a GPU with one of the job's old indices (`Job.requeue_indices`). Each group was decided on
+    a view of its own GPUs (`only_gpus`), so its placement could not see that GPU held; the actor skips
+    such a resume too (its `_tie_conflicts`), but the GPUs it was given would then idle for the round."""
+    takes = [d for d in decisions if d.action in _TAKES and d.placement is not None]
+    if not any(view.job(d.job_id).requeue_indices for d in takes):
+        return []
+    changed = {d.job_id: d.placement for d in decisions if d.action not in _TAKES}
+    held: dict[GpuRef, Tenant | None] = {}
+    for j in view.running:
+        if j.placement is None:
+            continue
+        gpus = set(j.placement.gpus)
+        if j.job_id in changed:  # suspended: frees them; moved or resized: keeps those it stays on
+            p = changed[j.job_id]
+            gpus &= set(p.gpus) if p is not None else set()
+        held.update((g, group_of.get(j.job_id)) for g in gpus)
+    out = []
+    for d in takes:
+        tied = view.job(d.job_id).requeue_indices
+        nodes = set(d.placement.nodes) if d.placement is not None else set()
+        key = group_of.get(d.job_id)
+        if tied and any(g.node in nodes and g.index in tied and k != key for g, k in held.items()):
+            out.append(d)
+    return out
 
 
 def only_gpus(topology: Topology, gpus: set[GpuRef]) -> Topology:
