@@ -301,8 +301,9 @@ def test_time_slice_hysteresis_avoids_swapping_every_round() -> None:
 def test_a_rotation_needs_a_job_served_four_times_less_in_geometric_tiers() -> None:
     """By default (service_ratio 4) a waiting job takes the GPU only from a job with at least four times its
     service (the running one counts its hysteresis, 60 s, less): between jobs of similar service a rotation
-    does not pay. Linear tiers (service_ratio 0, the paper's round robin) rotate at once."""
-    pol = make_policy("gandiva", pack=False)
+    does not pay. Linear tiers (service_ratio 0, the paper's round robin) rotate at once. (Both jobs are
+    past their early feedback here: `feedback_service` 0 keeps least service in force past it.)"""
+    pol = make_policy("gandiva", pack=False, feedback_service=0.0)
     a = running("a", gp("n1", 0), since=0.0, attained_service=3000.0)
     b = job("b", state=JobState.SUSPENDED, attained_service=800.0, last_run_end=0.0, times_scheduled=1)
     assert not pol.decide(ClusterView(ONE_GPU, (a, b), 3000.0), 3000.0)  # 2940 s against 800 s: under 4x
@@ -311,6 +312,33 @@ def test_a_rotation_needs_a_job_served_four_times_less_in_geometric_tiers() -> N
     assert steps(linear.decide(ClusterView(ONE_GPU, (a, b), 3000.0), 3000.0)) == swap
     b = b.evolve(attained_service=700.0)  # over 4x behind
     assert steps(pol.decide(ClusterView(ONE_GPU, (a, b), 3000.0), 3000.0)) == swap
+
+
+def test_past_its_early_feedback_a_job_runs_in_response_ratio_order() -> None:
+    """Past `feedback_service` (600 s per GPU) a job no longer rotates by least service: a long job keeps
+    its GPU against one with far less service but a lower response ratio (least service alone would
+    swap them), yields to one with a higher ratio (a short job that has waited), and to any job still
+    short of its early feedback (a new one)."""
+    pol = make_policy("gandiva", pack=False)
+    now = 6000.0  # a rotation
+    # ratio (6000 + 94000) / 94000: about 1.06
+    a = running("a", gp("n1", 0), since=0.0, attained_service=6000.0, progress=6000.0, work=100_000.0)
+
+    def stopped(jid: str, submit: float, work: float) -> Job:
+        return job(jid, submit=submit, work=work, state=JobState.SUSPENDED, attained_service=700.0,
+                   progress=700.0, last_run_end=submit + 700.0, times_scheduled=1)
+
+    long_new = stopped("c", 4000.0, 1_000_700.0)  # (2000 + 1e6) / 1e6: about 1.002
+    assert not pol.decide(ClusterView(ONE_GPU, (a, long_new), now), now)
+    las = make_policy("gandiva", pack=False, feedback_service=0.0)
+    assert steps(las.decide(ClusterView(ONE_GPU, (a, long_new), now), now)) == [
+        ("suspend", "a", "-"), ("resume", "c", "n1:0")]
+    short_old = stopped("b", 0.0, 2000.0)  # (6000 + 1300) / 1300: about 5.6
+    assert steps(pol.decide(ClusterView(ONE_GPU, (a, long_new, short_old), now), now)) == [
+        ("suspend", "a", "-"), ("resume", "b", "n1:0")]
+    fresh = job("d", submit=5990.0)
+    assert steps(pol.decide(ClusterView(ONE_GPU, (a, short_old, fresh), now), now)) == [
+        ("suspend", "a", "-"), ("start", "d", "n1:0")]
 
 
 def test_a_waiting_four_gpu_job_gets_a_node_kept_for_it_instead_of_starving() -> None:
