@@ -195,6 +195,11 @@ def child_env(
     )
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
+    # A parked job is frozen (SIGSTOP, slurm_gandiva.requeue.parking): PyTorch's NCCL heartbeat monitor, on
+    # waking after a long freeze, can find its watchdog's heartbeat stale before the watchdog ticks and abort
+    # the process. It only watches for a hung watchdog; collective timeouts still apply (none is in flight
+    # while parked). A user's own setting stands.
+    env.setdefault("TORCH_NCCL_ENABLE_MONITORING", "0")
     return env
 
 

@@ -52,6 +52,8 @@ class Step(enum.Enum):
     VERIFY = "verify"  # Slurm's GPUs == the placement
     WRITE_REQUEST = "write-request"  # park-request.json, root's, in the job's state directory
     WAIT_SWITCH = "wait-switch"  # the job's report names the request: "parked", or "running" again
+    FREEZE = "freeze"  # scancel --signal=STOP --full: a parked job's processes cannot compute, whatever it says
+    THAW = "thaw"  # scancel --signal=CONT --full: before a parked job is unparked or stopped
 
 
 class Outcome(enum.Enum):

@@ -11,6 +11,12 @@ A job that does not park (or unpark) within `timeout` is escalated to the requeu
 protocol's `suspend` (its signal, then root's forced requeue-hold, which ends the process), so a co-held
 group never has two jobs computing for longer than the bound.
 
+A job that reports "parked" is then frozen (SIGSTOP to every process of the job, `Step.FREEZE`): its report is
+its own word, and a job that said "parked" while it went on computing would take the GPUs from the job it
+co-holds them with, another user's. A stopped process computes nothing and uses no CPU; Slurm's state does not
+change (it still runs, holding its shard and memory). It is thawed (SIGCONT) before its unpark request, and
+before anything stops it (`thaw_if_parked`, called by the protocol's suspend).
+
 The request file is written by root into a directory its job's user owns: it is opened component by
 component from the jobs root without following a link (`write_root_file`), so that a user who swaps a
 directory for a link cannot make root write anywhere else.
@@ -136,10 +142,12 @@ def _switch(proto: RequeueProtocol, job_id: str, op: Op, timeout: float) -> OpRe
     last = _request(files, job_id)
     done = (last is not None and last.action == action
             and _state(_progress(files, job.user), last.seq) == want)
+    if op is Op.UNPARK:
+        run.do(Step.THAW, lambda: _signal_all(proto, job_id, "CONT"))
     if done:  # a controller that died after the job handled it: nothing to do again
         for s in (Step.WRITE_REQUEST, Step.SIGNAL, Step.WAIT_SWITCH):
             run.skip(s, f"already {want} (request {last.seq if last else 0})")
-        return run.result(Outcome.PARKED if op is Op.PARK else Outcome.RUNNING)
+        return _parked(proto, run) if op is Op.PARK else run.result(Outcome.RUNNING)
     # Grows with every request, across controller restarts (the wall clock's milliseconds).
     seq = max(math.floor(proto.wall() * 1000), (last.seq + 1) if last is not None else 0)
     jobs_root, user = proto.jobs_root, job.user
@@ -168,11 +176,30 @@ def _switch(proto: RequeueProtocol, job_id: str, op: Op, timeout: float) -> OpRe
 
     detail = run.do(Step.WAIT_SWITCH, wait)
     if reported[0] == want:
-        return run.result(Outcome.PARKED if op is Op.PARK else Outcome.RUNNING)
+        return _parked(proto, run) if op is Op.PARK else run.result(Outcome.RUNNING)
     job = proto.read_job(job_id)
     if job.finished:
         return run.result(Outcome.FINISHED, detail=f"job is {job.state}")
     return _escalate(proto, run, job, f"did not {action} ({detail})")
+
+
+def _signal_all(proto: RequeueProtocol, job_id: str, name: str) -> str:
+    proto.backend.signal(job_id, name, batch_only=False)
+    return f"SIG{name} to every process of the job"
+
+
+def _parked(proto: RequeueProtocol, run: _Run) -> OpResult:
+    """A job that reported "parked": frozen, so that it computes nothing whatever it does (module docstring)."""
+    run.do(Step.FREEZE, lambda: _signal_all(proto, run.job_id, "STOP"))
+    return run.result(Outcome.PARKED)
+
+
+def thaw_if_parked(proto: RequeueProtocol, run: _Run, job: SlurmJob) -> None:
+    """SIGCONT to a running job whose own report says it is parked (frozen by `park`), before it is signalled
+    to stop: a stopped process would not see the signal until the requeue path's timeout forced it."""
+    files = proto.files(job)
+    if files is not None and parked_state(files, job.user, job.job_id) == "parked":
+        run.do(Step.THAW, lambda: _signal_all(proto, job.job_id, "CONT"))
 
 
 def _escalate(proto: RequeueProtocol, run: _Run, job: SlurmJob, why: str) -> OpResult:

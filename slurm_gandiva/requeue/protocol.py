@@ -256,6 +256,7 @@ class RequeueProtocol:
         before = _file_id(files.status) if files is not None else None
         signalled = False
         if ph is Phase.RUNNING:
+            parking.thaw_if_parked(self, run, job)
             self._signal(run)
             signalled = True
             # The wait's first read is the one that tells whether the job finished as the signal came.

@@ -24,8 +24,11 @@ from slurm_gandiva.slurm.gres import parse_gres_detail
 _BASE_JOB_STATES = (
     "PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "COMPLETED", "CANCELLED", "FAILED",
     "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REQUEUED", "RESIZING",
-    "REVOKED", "SIGNALING", "STAGE_OUT",
+    "REVOKED", "STAGE_OUT",
 )
+# Flags Slurm prints alone in place of a running job's state (22.05's squeue --json, scontrol): a job whose
+# processes were sent SIGSTOP (a parked job, frozen: requeue/parking.py), or are being sent SIGSTOP / SIGCONT.
+_RUNNING_FLAGS = ("STOPPED", "SIGNALING")
 _ADMIN_HOLD_REASONS = ("JobHeldAdmin",)
 _USER_HOLD_REASONS = ("JobHeldUser", "job_requeued_in_held_state", "RequeueHold")
 
@@ -167,6 +170,8 @@ def _base_state(value: Any) -> str:
     for w in words:
         if w in _BASE_JOB_STATES:
             return w
+    if any(w in _RUNNING_FLAGS for w in words):
+        return "RUNNING"
     return words[0] if words else "UNKNOWN"
 
 

@@ -10,13 +10,15 @@ GPUs), the capabilities say so and the controller keeps the requeue path.
 from __future__ import annotations
 
 import json
+import shlex
+import time
 from pathlib import Path
 
 import pytest
 
 from slurm_gandiva.model import GpuRef, Placement
 from slurm_gandiva.requeue.contract import JobFiles
-from slurm_gandiva.requeue.operations import Outcome
+from slurm_gandiva.requeue.operations import Outcome, Step
 from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm.base import SlurmBackend
 from tests.helpers import wait_for
@@ -131,3 +133,78 @@ def test_a_job_that_does_not_park_goes_the_requeue_path(
     assert res.seconds < 3.0 + 3.0 + 30.0
     job = slurm.job(jid)
     assert job.pending and not job.gpus
+
+
+LIAR = r'''
+import json, os, signal, sys, time
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+seen = []
+signal.signal(signal.SIGURG, lambda *_: seen.append(1))
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+n = 0
+while True:  # it computes, whatever it reports
+    n += 1
+    if n % 20000 == 0:
+        with open(os.path.join(d, "count.tmp"), "w") as f:
+            f.write(str(n))
+        os.replace(os.path.join(d, "count.tmp"), os.path.join(d, "count"))
+    if seen:
+        seen.clear()
+        req = json.load(open(os.path.join(d, "park-request.json")))
+        rep = dict(step=n, epoch=0, samples=n, total_samples=None, batch_time_avg=0.1, samples_per_s=1.0,
+                   world_size=1, updated=time.time(), state="parked", request_seq=req["seq"])
+        with open(os.path.join(d, "progress.tmp"), "w") as f:
+            json.dump(rep, f)
+        os.replace(os.path.join(d, "progress.tmp"), os.path.join(d, "progress.json"))
+'''
+
+
+def job_processes(jid: str) -> dict[int, str]:
+    """pid -> state letter (R, S, T, ...) of every process of job `jid` on this machine, but slurmstepd."""
+    out: dict[int, str] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={jid}".encode() in env and "slurmstepd" not in stat:
+            out[int(proc.name)] = stat.rsplit(")", 1)[1].split()[0]
+    return out
+
+
+def test_a_job_that_says_parked_but_computes_on_is_frozen(
+    slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str]
+) -> None:
+    """A job's report is its own word: one that answers the park request with "parked" and goes on computing
+    (it would take the GPU from the job it co-holds it with, another user's) is frozen once it reports, so
+    it computes nothing until it is unparked; then it goes on."""
+    from slurm_gandiva.requeue.contract import JOB_MARK
+    from slurm_gandiva.slurm.base import SubmitRequest
+
+    caps = slurm.capabilities()
+    script = f"#!/bin/bash\nexec /usr/bin/python3 -c {shlex.quote(LIAR)} {job_dir}/\"$SLURM_JOB_ID\"\n"
+    jid = slurm.submit(SubmitRequest(script, options=[
+        f"--comment={JOB_MARK}", "--job-name=liar", "--nodes=1", "--ntasks=1", "--mem=100M",
+        f"--chdir={job_dir}", f"--output={job_dir}/%j.out"], as_user=test_user))
+    cleanup_jobs.append(jid)
+    proto = RequeueProtocol(slurm, suspend_timeout=3.0, jobs_root=job_dir)
+    where = Placement((GpuRef("n2", 1),), shared=caps.packing)
+    assert proto.resume(jid, where).outcome is Outcome.RUNNING
+    count = job_dir / jid / "count"
+    wait_for(count.exists, timeout=30, what="the job to compute")
+    res = proto.park(jid)
+    assert res.outcome is Outcome.PARKED, res.describe()
+    # Every process of the job stops (slurmctld's agent delivers the SIGSTOP a moment after the call).
+    wait_for(lambda: set(job_processes(jid).values()) == {"T"}, timeout=10, what="the job's processes to stop")
+    frozen = count.read_text()
+    time.sleep(1.5)
+    assert count.read_text() == frozen, "a parked job computed on"
+    assert slurm.job(jid).running  # Slurm's state unchanged: it holds its GPU (shard) and memory
+    back = proto.unpark(jid, timeout=3.0)  # thawed; it never reports "running": then the requeue path
+    assert back.outcome is Outcome.ESCALATED and back.steps[0].step is Step.THAW, back.describe()
+    job = slurm.job(jid)
+    assert job.pending and not job.gpus and not job.shards  # its GPU freed in bounded time

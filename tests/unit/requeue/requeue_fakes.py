@@ -258,6 +258,8 @@ class FakeSlurm:
         if signal_name.upper().removeprefix("SIG") == "URG":  # the park signal: the request file says what to do
             j.park_signalled_at = self.clock.t
             return
+        if signal_name.upper().removeprefix("SIG") in ("STOP", "CONT"):  # a parked job frozen and thawed
+            return
         j.signalled_at = self.clock.t
 
     def requeue_hold(self, job_id: str) -> None:

@@ -30,8 +30,9 @@ def test_park_then_unpark_in_place_without_a_slurm_state_change(
     running(slurm, tmp_path)
     res = proto.park("7")
     assert (res.op, res.outcome) == (Op.PARK, Outcome.PARKED)
-    assert [s.step for s in res.steps] == [Step.WRITE_REQUEST, Step.SIGNAL, Step.WAIT_SWITCH]
-    assert slurm.called("signal") == [("signal", "7", "URG")]
+    assert [s.step for s in res.steps] == [Step.WRITE_REQUEST, Step.SIGNAL, Step.WAIT_SWITCH, Step.FREEZE]
+    # The park signal, then SIGSTOP to every process: parked, it computes nothing whatever it reports.
+    assert slurm.called("signal") == [("signal", "7", "URG"), ("signal", "7", "STOP")]
     req = read_park_request(tmp_path / "7" / "park-request.json", owner=os.geteuid(), job_id="7")
     assert req is not None and req.action == "park"
     st = (tmp_path / "7" / "park-request.json").stat()
@@ -43,6 +44,8 @@ def test_park_then_unpark_in_place_without_a_slurm_state_change(
     clock.sleep(1.0)
     back = proto.unpark("7")
     assert (back.op, back.outcome) == (Op.UNPARK, Outcome.RUNNING)
+    assert [s.step for s in back.steps][:2] == [Step.THAW, Step.WRITE_REQUEST]  # SIGCONT before the request
+    assert [c[2] for c in slurm.called("signal")][2:] == ["CONT", "URG"]
     again = read_park_request(tmp_path / "7" / "park-request.json", owner=os.geteuid(), job_id="7")
     assert again is not None and again.action == "unpark" and again.seq > req.seq  # seq grows
     assert parked_state(proto.files(slurm.job("7")) or pytest.fail(), "alice", "7") == "running"
@@ -56,8 +59,18 @@ def test_a_park_the_job_already_handled_is_not_sent_again(
     n = len(slurm.calls)
     # A controller that died after the job parked, and parks it again on recovery.
     res = proto.park("7")
-    assert res.outcome is Outcome.PARKED and len(slurm.calls) == n
-    assert all(s.skipped for s in res.steps)
+    assert res.outcome is Outcome.PARKED and slurm.calls[n:] == [("signal", "7", "STOP")]  # frozen again only
+    assert all(s.skipped for s in res.steps if s.step is not Step.FREEZE)
+
+
+def test_a_parked_job_is_thawed_before_the_requeue_path_stops_it(
+    proto: RequeueProtocol, slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    running(slurm, tmp_path)
+    proto.park("7")
+    res = proto.suspend("7")
+    assert res.outcome is Outcome.SUSPENDED, res.describe()
+    assert [c[2] for c in slurm.called("signal")] == ["URG", "STOP", "CONT", "USR2"]
 
 
 def test_a_job_that_ignores_the_park_request_is_suspended_through_the_requeue_path(

@@ -119,3 +119,6 @@ def test_numbers_and_states() -> None:
     # 24.11: a requeued job still being torn down (measured: seconds after requeuehold)
     tearing = parse.parse_job({"job_id": 9, "job_state": ["PENDING", "COMPLETING"], "state_reason": "JobHeldAdmin"})
     assert tearing.state == "COMPLETING" and not tearing.pending and tearing.hold is HoldKind.NONE
+    # A parked job frozen with SIGSTOP runs on to Slurm: scontrol and 22.05 print the flag alone.
+    for word in ("STOPPED", "SIGNALING", ["RUNNING", "STOPPED"]):
+        assert parse.parse_job({"job_id": 9, "job_state": word}).running, word

@@ -92,6 +92,9 @@ def test_child_env_sets_torch_distributed_and_one_gpu(tmp_path: Path) -> None:
     assert env["GANDIVA_SIGNAL"] == "SIGUSR2" and env["GANDIVA_PROGRESS_INTERVAL"] == "2.0"
     assert env["GANDIVA_FAST_EXIT"] == "1"
     assert child_env({"CUDA_VISIBLE_DEVICES": ""}, 0, 1, None, 1, cfg)["CUDA_VISIBLE_DEVICES"] == ""
+    # A frozen parked job must not be aborted by NCCL's heartbeat monitor on waking; the user's choice stands.
+    assert env["TORCH_NCCL_ENABLE_MONITORING"] == "0"
+    assert child_env({"TORCH_NCCL_ENABLE_MONITORING": "1"}, 0, 1, None, 1, cfg)["TORCH_NCCL_ENABLE_MONITORING"] == "1"
 
 
 def test_child_env_on_the_second_of_two_nodes_numbers_ranks_across_nodes(tmp_path: Path) -> None:
