@@ -397,11 +397,15 @@ class Tenants:
 
     `shares`: account -> its RawShares (Fairshare=). `user_shares`: (account, user) -> the user's RawShares
     within the account. `limits`: the association and QOS GPU limits. An account or user not named has
-    share 1; no limit means none."""
+    share 1; no limit means none. `usage` (account) and `user_usage` ((account, user)): Slurm's own decayed
+    GPU-seconds as sshare shows them (every job of the association, managed or not, decayed by
+    PriorityDecayHalfLife); empty: not read (no multifactor priority, or gres/gpu not accounted)."""
 
     shares: Mapping[str, float] = field(default_factory=dict)
     user_shares: Mapping[tuple[str, str], float] = field(default_factory=dict)
     limits: tuple[GpuLimit, ...] = ()
+    usage: Mapping[str, float] = field(default_factory=dict)
+    user_usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
     q.add_argument("--json", action="store_true", help="JSON output")
     q.set_defaults(func=cmd_squeue)
 
-    t = sub.add_parser("sshare", help="tenants (account, user): share, entitled GPUs, held, waiting, GPU-hours")
+    t = sub.add_parser("sshare", help="tenants (account, user): share, entitled GPUs, held, waiting, GPU-hours "
+                       "(ours and Slurm's)")
     t.add_argument("--config", "-c", help="config file (default: $GANDIVA_CONF, /etc/gandiva/gandiva.conf)")
     t.add_argument("--json", action="store_true", help="JSON output")
     t.set_defaults(func=cmd_sshare)

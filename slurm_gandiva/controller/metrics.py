@@ -90,6 +90,9 @@ class Metrics:
             "waiting": Gauge("tenant_waiting_jobs", "A tenant's waiting jobs", who, namespace=ns, registry=reg),
             "gpu_hours": Gauge("tenant_gpu_hours", "A tenant's GPU-hours received (decayed by the half-life)", who,
                                namespace=ns, registry=reg),
+            "slurm_gpu_hours": Gauge("tenant_slurm_gpu_hours", "A tenant's GPU-hours as Slurm's sshare shows them "
+                                     "(all its jobs, decayed by PriorityDecayHalfLife)", who, namespace=ns,
+                                     registry=reg),
         }
 
     def observe_view(self, view: ClusterView) -> None:
@@ -125,6 +128,8 @@ class Metrics:
             self.tenant["held"].labels(**who).set(r.held)
             self.tenant["waiting"].labels(**who).set(r.waiting)
             self.tenant["gpu_hours"].labels(**who).set(r.gpu_hours)
+            if r.slurm_gpu_hours is not None:
+                self.tenant["slurm_gpu_hours"].labels(**who).set(r.slurm_gpu_hours)
 
     def slice_started(self) -> None:
         self.slices_started.inc()

@@ -10,14 +10,16 @@ an `accounting` event) and once again when it reads them again. A cluster whose 
 and whose controller does not ask for shares (`fairness = none`: limits only) is taken as one without
 accounting: asked every `ACCOUNTING_OFF_RETRY_S`, noted once at info, without events.
 
-Each round's per-tenant table (`tenant_rows`: shares, entitled GPUs, held, waiting, decayed GPU-hours) is
-written to `<state_dir>/tenants.json` for `gandiva sshare`, and set as the per-tenant Prometheus gauges.
+Each round's per-tenant table (`tenant_rows`: shares, entitled GPUs, held, waiting, decayed GPU-hours, and
+Slurm's own decayed GPU-hours as sshare shows them, to compare) is written to `<state_dir>/tenants.json` for
+`gandiva sshare`, and set as the per-tenant Prometheus gauges.
 
 The decayed usage the fair-share layer (and `slurm`'s multifactor priority) carries between rounds
-(`TenantUsage`) is ours alone: the tenants read from Slurm are shares and limits, not sshare's usage. So it
-is written each round to `<state_dir>/tenant_usage.json` (`save_usage`) and read back before a new
-policy's first round (`restore_usage`: at start and after a reload), decayed over the time between by
-wall clock; without it a tenant that used the cluster before a restart would start level with the others.
+(`TenantUsage`) is ours alone: Slurm's usage read beside it (`Tenants.usage`) counts every job of an
+association, managed or not, and is shown, not used. So ours is written each round to
+`<state_dir>/tenant_usage.json` (`save_usage`) and read back before a new policy's first round
+(`restore_usage`: at start and after a reload), decayed over the time between by wall clock; without it a
+tenant that used the cluster before a restart would start level with the others.
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ TENANTS_FILE = "tenants.json"  # in state_dir: the last round's per-tenant table
 @dataclass(frozen=True)
 class TenantRow:
     """One tenant (account, user) in the last round: its shares, the GPUs the fair-share layer entitles it
-    to now (None: no layer), the GPUs it holds, its waiting jobs and its decayed GPU-hours received."""
+    to now (None: no layer), the GPUs it holds, its waiting jobs, its decayed GPU-hours received, and
+    Slurm's own decayed GPU-hours of the association (sshare; None: not read)."""
 
     account: str
     user: str
@@ -124,6 +127,7 @@ class TenantRow:
     held: int
     waiting: int
     gpu_hours: float
+    slurm_gpu_hours: float | None = None
 
     def as_json(self) -> dict[str, object]:
         return asdict(self)
@@ -153,9 +157,18 @@ def tenant_rows(view: ClusterView, policy: object) -> list[TenantRow]:
     return [
         TenantRow(a, u, float(shares.get(a, 1.0)), float(user_shares.get((a, u), 1.0)),
                   caps.get((a, u), 0) if fair is not None else None, held[(a, u)], waiting[(a, u)],
-                  usage.get((a, u), 0.0) / 3600.0)
+                  usage.get((a, u), 0.0) / 3600.0, _slurm_hours(view.tenants, a, u))
         for a, u in sorted(set(held) | set(usage))
     ]
+
+
+def _slurm_hours(tenants: Tenants | None, account: str, user: str) -> float | None:
+    """Slurm's decayed GPU-hours of (account, user), of the account for a tenant without a user; None when
+    Slurm's usage was not read. An association sshare does not list has used nothing."""
+    if tenants is None or not (tenants.usage or tenants.user_usage):
+        return None
+    seconds = tenants.user_usage.get((account, user), 0.0) if user else tenants.usage.get(account, 0.0)
+    return seconds / 3600.0
 
 
 def write_tenants(path: Path, rows: list[TenantRow], at: float) -> None:
@@ -172,10 +185,12 @@ def read_tenants_file(path: Path) -> tuple[float, list[TenantRow]]:
 
 
 def format_tenants(rows: list[TenantRow]) -> str:
-    head = ("ACCOUNT", "USER", "SHARE", "USER_SHARE", "ENTITLED", "HELD", "WAITING", "GPU_HOURS")
+    head = ("ACCOUNT", "USER", "SHARE", "USER_SHARE", "ENTITLED", "HELD", "WAITING", "GPU_HOURS",
+            "SLURM_GPU_HOURS")
     table = [head] + [
         (r.account or "-", r.user, f"{r.share:g}", f"{r.user_share:g}",
-         "-" if r.entitled is None else str(r.entitled), str(r.held), str(r.waiting), f"{r.gpu_hours:.2f}")
+         "-" if r.entitled is None else str(r.entitled), str(r.held), str(r.waiting), f"{r.gpu_hours:.2f}",
+         "-" if r.slurm_gpu_hours is None else f"{r.slurm_gpu_hours:.2f}")
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]

@@ -12,10 +12,19 @@ included, times its parent's), as `sshare` prints NormShares: accounts at differ
 Slurm compares them. `Fairshare=parent` counts as the parent's share (a user's row: 1, one equal share).
 A limit of an account covers the jobs run under that account (not those of its sub-accounts). Per-job
 limits (MaxTRES) are not concurrency caps and are left to Slurm.
+
+Slurm's own decayed usage comes from a third listing, `sshare` (`SSHARE_ARGV`, read by `read_tenants`'s
+`sshare_out`): its GrpTRESRaw column is each association's usage per TRES in TRES-minutes, decayed by
+PriorityDecayHalfLife as RawUsage is, printed in whole minutes (22.05 to 26.05 alike). Its `gres/gpu` item is
+the decayed GPU-time (GPU-minutes, times 60 here: GPU-seconds, the fair-share layer's unit). RawUsage itself
+is not GPU-time: it is TRES-billing-seconds, CPUs unless the site sets TRESBillingWeights. No `gres/gpu` item
+(AccountingStorageTRES without gres/gpu), no multifactor priority (sshare refuses) or a listing that does
+not parse: no usage (`Tenants.usage` empty), never an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +37,8 @@ ASSOC_FORMAT = "Account,User,ParentName,Fairshare,GrpTRES"
 QOS_FORMAT = "Name,GrpTRES,MaxTRESPerUser"
 ASSOC_ARGV = ("sacctmgr", "--noheader", "--parsable2", "show", "associations", f"format={ASSOC_FORMAT}")
 QOS_ARGV = ("sacctmgr", "--noheader", "--parsable2", "show", "qos", f"format={QOS_FORMAT}")
+SSHARE_FORMAT = "Account,User,GrpTRESRaw"
+SSHARE_ARGV = ("sshare", "--noheader", "--parsable2", "--all", f"--format={SSHARE_FORMAT}")
 
 
 @dataclass(frozen=True)
@@ -72,9 +83,29 @@ def parse_associations(out: str) -> list[_Assoc]:
     return found
 
 
-def read_tenants(assoc_out: str, qos_out: str) -> Tenants:
-    """The `Tenants` of the two sacctmgr listings (see the module docstring). A listing without the root
-    account, which every cluster's tree has, is not taken for "no shares, no limits" but as unavailable."""
+def parse_usage(out: str) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """`sshare -nP -a -o SSHARE_FORMAT`: Slurm's decayed GPU-seconds per account (the account's rows, root
+    left out as `shares` leaves it) and per (account, user). Empty when the listing names no gres/gpu
+    usage; AccountingUnavailable when a line does not parse."""
+    accounts: dict[str, float] = {}
+    users: dict[tuple[str, str], float] = {}
+    for account, user, raw in _rows(out, 3, "sshare"):
+        minutes = tres_gpus(raw)
+        if minutes is None:
+            if raw:
+                return {}, {}  # this cluster does not account gres/gpu (AccountingStorageTRES)
+            continue
+        if user:
+            users[(account, user)] = minutes * 60.0
+        elif account != "root":
+            accounts[account] = minutes * 60.0
+    return accounts, users
+
+
+def read_tenants(assoc_out: str, qos_out: str, sshare_out: str | None = None) -> Tenants:
+    """The `Tenants` of the two sacctmgr listings (see the module docstring) and of sshare's usage (None or
+    a listing that does not parse: none). A listing without the root account, which every cluster's tree
+    has, is not taken for "no shares, no limits" but as unavailable."""
     assocs = parse_associations(assoc_out)
     if not any(a.account == "root" and not a.user for a in assocs):
         raise AccountingUnavailable("sacctmgr listed no root association: slurmdbd is starting, stopping or "
@@ -104,7 +135,12 @@ def read_tenants(assoc_out: str, qos_out: str) -> Tenants:
             limits.append(GpuLimit(n, qos=name))
         if (n := tres_gpus(per_user)) is not None:
             limits.append(GpuLimit(n, qos=name, per_user=True))
-    return Tenants(shares=shares, user_shares=user_shares, limits=tuple(limits))
+    usage: dict[str, float] = {}
+    user_usage: dict[tuple[str, str], float] = {}
+    if sshare_out is not None:
+        with contextlib.suppress(AccountingUnavailable):
+            usage, user_usage = parse_usage(sshare_out)
+    return Tenants(shares=shares, user_shares=user_shares, limits=tuple(limits), usage=usage, user_usage=user_usage)
 
 
 # One user's associations, as that user may read them (PrivateData=users,associations still shows one's own).

@@ -453,8 +453,9 @@ class CliBackend:
                 raise
 
     def tenants(self) -> Tenants:
-        """Shares and GPU limits from two `sacctmgr` listings (slurm/accounting.py); AccountingUnavailable
-        when slurmdbd does not answer or accounting is off."""
+        """Shares and GPU limits from two `sacctmgr` listings, Slurm's decayed usage from `sshare`
+        (slurm/accounting.py); AccountingUnavailable when slurmdbd does not answer or accounting is off.
+        sshare failing alone (no multifactor priority) leaves the usage out."""
         try:
             assoc = self._run(list(accounting.ASSOC_ARGV), "sacctmgr show associations")
             qos = self._run(list(accounting.QOS_ARGV), "sacctmgr show qos")
@@ -463,7 +464,11 @@ class CliBackend:
                 f"cannot read accounts from slurmdbd ({exc}): is slurmdbd running and AccountingStorageType "
                 "accounting_storage/slurmdbd? (`sacctmgr show associations` must work)"
             ) from None
-        return accounting.read_tenants(assoc, qos)
+        try:
+            usage: str | None = self._run(list(accounting.SSHARE_ARGV), "sshare")
+        except SlurmError:
+            usage = None
+        return accounting.read_tenants(assoc, qos, usage)
 
     def user_associations(self, user: str) -> accounting.UserAssociations | None:
         """`user`'s accounts and their QOS (one sacctmgr call, as that user may make it); None when the

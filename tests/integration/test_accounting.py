@@ -14,7 +14,7 @@ import pytest
 
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import AccountingUnavailable, LimitRefusal
-from slurm_gandiva.model import GpuLimit, GpuRef, Placement
+from slurm_gandiva.model import GpuLimit, GpuRef, Placement, Tenants
 from slurm_gandiva.requeue.protocol import RequeueProtocol
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import HoldKind, SlurmBackend
@@ -178,3 +178,24 @@ def test_gandiva_sbatch_submits_under_the_users_own_account(acct_cluster: DevClu
         if jid.isdigit():
             acct_cluster._slurm(["scancel", jid])
             wait_for(lambda: jid not in _queued(acct_cluster) or None, timeout=30, what=f"job {jid} gone")
+
+
+def test_the_backend_reads_slurms_decayed_gpu_usage_of_each_account(acct_cluster: DevCluster) -> None:
+    """A 3-GPU physics job of ~25 s: sshare's decayed usage (GrpTRESRaw gres/gpu, whole GPU-minutes) of
+    physics and of its user grows by about its GPU-time; bio's does not grow (decay only shrinks it)."""
+    backend = make_backend(acct_cluster.env, kind="cli")
+    before = backend.tenants()
+    assert "physics" in before.usage and "bio" in before.usage, before  # multifactor, gres/gpu accounted
+    out = run_as(TEST_USER, ["sbatch", "--parsable", "-o", "/dev/null", f"--chdir={acct_cluster.jobs_dir}",
+                             "--gres=gpu:3", "--wrap", "sleep 25"], acct_cluster.env)
+    assert out.returncode == 0, out.stderr
+
+    def grown() -> Tenants | None:
+        t = backend.tenants()
+        return t if t.usage["physics"] >= before.usage["physics"] + 60 else None
+
+    after = wait_for(grown, timeout=150, interval=2.0, what="physics' Slurm usage grows by a GPU-minute")
+    gained = after.usage["physics"] - before.usage["physics"]
+    assert 60 <= gained <= 3 * 60, gained  # 3 GPUs x ~25 s = 75 GPU-s, printed in whole minutes
+    assert after.user_usage[("physics", TEST_USER)] - before.user_usage.get(("physics", TEST_USER), 0.0) == gained
+    assert after.usage["bio"] <= before.usage["bio"]

@@ -192,3 +192,32 @@ def test_tenant_rows_count_held_and_waiting_in_one_pass_and_served_only_without_
     rows = {(r.account, r.user): r for r in tenant_rows(view, fair)}
     assert rows[("physics", "ann")].gpu_hours == pytest.approx(4.0)  # the layer's decayed usage
     assert (rows[("physics", "ann")].entitled, rows[("bio", "bea")].entitled) == (3, 1)
+
+
+def test_the_tenant_table_and_gauges_show_slurms_usage_beside_the_layers() -> None:
+    from slurm_gandiva.controller.metrics import Metrics
+    from slurm_gandiva.controller.tenants import format_tenants, tenant_rows
+    from slurm_gandiva.model import ClusterView, Job, JobSpec
+    from slurm_gandiva.selector import make_policy
+
+    topo = Topology.uniform(1, 4)
+    jobs = (Job(JobSpec("a0", "ann", 1, 1, 0.0, account="physics"), attained_service=3600.0),
+            Job(JobSpec("b0", "bea", 1, 1, 0.0, account="bio")), Job(JobSpec("c0", "", 1, 1, 0.0, account="hep")))
+    slurm = Tenants(usage={"physics": 9000.0, "bio": 0.0, "hep": 1800.0},
+                    user_usage={("physics", "ann"): 7200.0, ("physics", "cy"): 1800.0, ("bio", "bea"): 0.0})
+    view = ClusterView(topo, jobs, now=10.0, tenants=slurm)
+    rows = {(r.account, r.user): r for r in tenant_rows(view, make_policy("fifo"))}
+    assert rows[("physics", "ann")].slurm_gpu_hours == 2.0 and rows[("physics", "ann")].gpu_hours == 1.0
+    assert rows[("bio", "bea")].slurm_gpu_hours == 0.0
+    assert rows[("hep", "")].slurm_gpu_hours == 0.5  # a tenant without a user: its account's usage
+    table = format_tenants(list(rows.values())).splitlines()
+    assert table[0].split()[-1] == "SLURM_GPU_HOURS" and table[3].split()[-2:] == ["1.00", "2.00"]
+    m = Metrics()
+    m.observe_tenants(rows.values())
+    assert 'gandiva_tenant_slurm_gpu_hours{account="physics",user="ann"} 2.0' in m.exposition().decode()
+    unread = replace(view, tenants=Tenants(shares={"physics": 2.0}))  # no multifactor: no usage read
+    rows = {(r.account, r.user): r for r in tenant_rows(unread, make_policy("fifo"))}
+    assert rows[("physics", "ann")].slurm_gpu_hours is None
+    assert format_tenants(list(rows.values())).splitlines()[2].split()[-1] == "-"
+    m.observe_tenants(rows.values())
+    assert "gandiva_tenant_slurm_gpu_hours{" not in m.exposition().decode()

@@ -8,7 +8,14 @@ import pytest
 
 from slurm_gandiva.errors import AccountingUnavailable
 from slurm_gandiva.model import GpuLimit, JobSpec
-from slurm_gandiva.slurm.accounting import UserAssociations, parse_user_associations, read_tenants, user_assoc_argv
+from slurm_gandiva.slurm.accounting import (
+    SSHARE_ARGV,
+    UserAssociations,
+    parse_usage,
+    parse_user_associations,
+    read_tenants,
+    user_assoc_argv,
+)
 from slurm_gandiva.slurm.cli_backend import CliBackend, _classify
 from slurm_gandiva.slurm.gres import tres_gpus
 
@@ -111,3 +118,36 @@ def test_the_backend_tells_accounting_off_from_slurmdbd_down(
             b.user_associations("alice")
         assert len(str(err.value).splitlines()) == 1
     assert seen == [list(user_assoc_argv("alice"))]
+
+
+# `sshare --noheader --parsable2 --all --format=Account,User,GrpTRESRaw` (SSHARE_ARGV) on the accounting
+# devcluster after one 3-GPU physics job of 25 s, captured from each release (the tree indented by spaces).
+def _sshare(tres: str) -> str:
+    used, unused = tres.format(mem=416, gpu=1), tres.format(mem=0, gpu=0)
+    return (f"root||{used}\n root|root|{unused}\n bio||{unused}\n  bio|gandiva-test2|{unused}\n"
+            f" physics||{used}\n  physics|gandiva-test|{used}\n")
+
+
+_TRES = "cpu=0,mem={mem},energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu={gpu}"
+SSHARE_22_05 = _sshare(_TRES)
+SSHARE_24_11 = _sshare(_TRES + ",gres/gpumem=0,gres/gpuutil=0")  # 24.11 also accounts gpumem and gpuutil
+
+
+@pytest.mark.parametrize("out", [SSHARE_22_05, SSHARE_24_11], ids=["22.05", "24.11"])
+def test_slurms_decayed_gpu_usage_is_read_from_sshares_grptresraw_in_gpu_seconds(out: str) -> None:
+    assert SSHARE_ARGV[-1] == "--format=Account,User,GrpTRESRaw"
+    usage, users = parse_usage(out)
+    assert usage == {"bio": 0.0, "physics": 60.0}  # one GPU-minute; root (the cluster's total) left out
+    assert users == {("root", "root"): 0.0, ("bio", "gandiva-test2"): 0.0, ("physics", "gandiva-test"): 60.0}
+    t = read_tenants(ASSOC, QOS, out)
+    assert (t.usage, t.user_usage) == (usage, users) and t.shares["physics"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "out",
+    [None, "", "root||cpu=0,mem=0\n physics||cpu=5,mem=9\n",  # gres/gpu not in AccountingStorageTRES
+     "sshare: error: You are not running a supported priority plugin\n"],
+)
+def test_no_usage_from_sshare_is_no_usage_not_an_error(out: str | None) -> None:
+    t = read_tenants(ASSOC, QOS, out)
+    assert (t.usage, t.user_usage) == ({}, {}) and t.shares["physics"] == 0.5
