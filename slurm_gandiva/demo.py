@@ -169,7 +169,7 @@ def train_command(job: DemoJob, python: str, script: Path) -> list[str]:
 
 def controller_config(
     *, state_dir: Path, jobs_dir: Path, topology: Path, slurm_conf: Path, quantum: float, tick: float,
-    policy: str, params: Mapping[str, str] | None = None, fairness: str = "none",
+    policy: str, params: Mapping[str, str] | None = None, fairness: str = "none", co_hold: bool = False,
 ) -> str:
     """The controller's config file for the demo (format: etc/gandiva.conf)."""
     lines = [
@@ -184,6 +184,7 @@ def controller_config(
         "metrics_port = 0",
         f"round_log = {state_dir / ROUND_LOG}",
         f"fairness = {fairness}",
+        f"co_hold = {'yes' if co_hold else 'no'}",
     ]
     lines += [f"policy.{k} = {v}" for k, v in (params or {}).items()]
     return "\n".join([*lines, ""])
@@ -418,6 +419,7 @@ class Demo:
         refresh: float = 3.0,
         keep_cluster: bool = False,
         tenants: bool = False,
+        co_hold: bool = False,
         out: TextIO = sys.stdout,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -430,6 +432,7 @@ class Demo:
         self.params = policy_params(policy, quantum, params)
         self.user = user
         self.tenants = tenants
+        self.co_hold = co_hold
         self.workload = tuple(workload)
         self.timeout = timeout
         self.refresh = refresh
@@ -515,7 +518,7 @@ class Demo:
         self.config_path.write_text(controller_config(
             state_dir=ctl_state, jobs_dir=cluster.jobs_dir, topology=cluster.topology_path,
             slurm_conf=cluster.conf_path, quantum=self.quantum, tick=self.tick, policy=self.policy,
-            params=self.params, fairness="shares" if self.tenants else "none",
+            params=self.params, fairness="shares" if self.tenants else "none", co_hold=self.co_hold,
         ))
         log = (self.state_dir / "controller.log").open("wb")
         self.say(f"demo: starting the controller (policy {self.policy}, quantum {self.quantum:g} s"
@@ -648,6 +651,7 @@ class Demo:
         )
         self.results_path.write_text(result.to_json())
         self._reports(cluster, [r.job_id for r in rows])
+        self._switches()
         if self.tenants:
             self.say("\ndemo: GPU-time per tenant (CONTESTED: GPU-seconds while both tenants had a job waiting; "
                      "equal shares: 50% each)")
@@ -720,6 +724,26 @@ class Demo:
             self.say(f"demo: could not draw the Gantt chart: {gantt.stderr.strip()}")
 
 
+    def _switches(self) -> None:
+        """How the controller switched jobs: in place (park / unpark on co-held GPUs) or through the requeue
+        protocol (suspend, then a resume in a new process), from its store."""
+        from slurm_gandiva.plan import Action
+        from slurm_gandiva.store import Outcome, Store
+
+        try:
+            store = Store(f"sqlite:///{self.state_dir / 'controller' / 'gandiva.db'}")
+        except Exception as exc:  # the report is informative; the verdict does not depend on it
+            self.say(f"demo: could not read the controller's decisions: {exc}")
+            return
+        try:
+            done = [d.action for d in store.decisions() if d.outcome is Outcome.SUCCEEDED]
+        finally:
+            store.close()
+        n = {a: done.count(a) for a in Action}
+        self.say(f"demo: switches: {n[Action.PARK]} parks and {n[Action.UNPARK]} unparks in place (co-held GPUs, "
+                 f"co_hold = {'yes' if self.co_hold else 'no'}), {n[Action.SUSPEND]} suspends through the requeue "
+                 f"path; {n[Action.MIGRATE] + n[Action.RESIZE]} moves and resizes")
+
     def _sshare(self, cluster: DevCluster) -> None:
         out = subprocess.run(["sshare", "-a", "-o", "Account,User%14,RawShares,NormShares,RawUsage,FairShare"],
                              capture_output=True, text=True, env={**os.environ, **cluster.env}, check=False,
@@ -749,6 +773,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--one-user", action="store_true",
                    help="one user's 12-job workload without accounting (the sim-vs-real benchmark's), "
                         "instead of two tenants with fair shares")
+    p.add_argument("--no-co-hold", dest="co_hold", action="store_false",
+                   help="switch jobs only through the requeue protocol (default: co_hold = yes, jobs taking "
+                        "turns on the same GPUs park and unpark in place where Slurm allows)")
     p.set_defaults(func=_run)
 
 
@@ -756,6 +783,6 @@ def _run(args: argparse.Namespace) -> int:
     return Demo(
         Path(args.state_dir), port_base=args.port_base, quantum=args.quantum, tick=args.tick,
         policy=args.policy, params=args.policy_param, user=args.user, timeout=args.timeout,
-        keep_cluster=args.keep_cluster, tenants=not args.one_user,
+        keep_cluster=args.keep_cluster, tenants=not args.one_user, co_hold=args.co_hold,
         workload=WORKLOAD if args.one_user else TENANT_WORKLOAD,
     ).run()

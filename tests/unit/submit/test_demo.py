@@ -73,6 +73,10 @@ def test_controller_config_is_valid_for_the_controller(tmp_path: Path) -> None:
     cfg = parse_config(text, "demo.conf")
     assert (cfg.quantum, cfg.tick, cfg.policy) == (20.0, 3.0, "default")
     assert cfg.job_root == tmp_path / "jobs" and cfg.slurm_conf == tmp_path / "slurm.conf"
+    assert not cfg.co_hold
+    on = controller_config(state_dir=tmp_path, jobs_dir=tmp_path, topology=tmp_path / "t.json",
+                           slurm_conf=tmp_path / "s.conf", quantum=20, tick=3, policy="gandiva", co_hold=True)
+    assert parse_config(on, "demo.conf").co_hold
     assert cfg.round_log == tmp_path / "ctl" / "rounds.jsonl"  # for bench_sim_vs_real's round-by-round view
 
 
