@@ -133,6 +133,7 @@ def _las_counts(
     caps: Mapping[str, int] | None = None,
     ratio: float = 0.0,
     feedback: float = 0.0,
+    margin: float = 1.0,
 ) -> tuple[list[Job], dict[str, int]]:
     """Gandiva time-slicing: pinned young slices, then least attained service per GPU first.
 
@@ -145,7 +146,8 @@ def _las_counts(
     A group capped in `caps` (a job array's %MAX) gets GPUs for at most that many of its jobs, in the
     same order, whatever GPUs are left: its jobs are time-sliced among its places.
     With `feedback` > 0 and geometric tiers, a job with that many seconds of service per GPU is past its
-    early feedback: it comes after every job still short of it, in `response_order` (running first on a tie).
+    early feedback: it comes after every job still short of it, in `response_order`, a running job's
+    response ratio counted `margin` times higher (a waiting job takes its GPUs only with a clearly higher one).
     """
     room = GroupRoom(caps or {})
     holders: dict[GpuRef, int] = {}
@@ -177,7 +179,7 @@ def _las_counts(
         for j in jobs:
             if j.attained_service >= feedback * j.spec.min_gpus:
                 served[j.job_id] = last
-                past[j.job_id] = response_order(j, now)
+                past[j.job_id] = response_order(j, now) * (margin if j.state is JobState.RUNNING else 1.0)
     order = sorted(
         jobs,
         key=lambda j: (
@@ -249,9 +251,14 @@ class Gandiva(_TrialParams):
     tiers, time-slicing is bounded to a job's early feedback: past `feedback_service` seconds of service
     per GPU (default 600) a job waits behind every job short of it and runs in `response_order`
     (highest response ratio first, from its measured progress), preempted at a rotation only by a job
-    short of its feedback or one of a higher ratio. Least service alone kept sharing GPUs among long jobs
-    of similar service (all finish late) and left a wide job, once stopped, behind every later one: on
-    the low-load VC 2869ce its 8- and 32-GPU jobs took 1.2-1.5x their time under Slurm (issue 31)."""
+    short of its feedback or one whose ratio is `response_margin` times its own (default 1.25: ratios
+    creep past each other as jobs wait and run, and each crossing would cost a switch). GPUs that no
+    job counted for them can use (a wide job fits no node) go to the others in this same order, a
+    running job keeping its own: giving them to waiting jobs first swapped two sets of jobs at every
+    rotation (about 28 suspends per job on ee9e8c, 3 after; issue 31). Least service alone kept sharing
+    GPUs among long jobs of similar service (all finish late) and left a wide job, once stopped, behind
+    every later one: on the low-load VC 2869ce its 8- and 32-GPU jobs took 1.2-1.5x their time under
+    Slurm (issue 31)."""
 
     quantum: float | None = 60.0
     min_slice: float | None = None
@@ -262,6 +269,7 @@ class Gandiva(_TrialParams):
     finish_grace: float | None = None  # a job finishing within this many seconds is not stopped; quantum / 4
     service_ratio: float = 4.0  # service tiers this many times wide; 0: `service_step` wide
     feedback_service: float = 600.0  # seconds of service per GPU time-sliced; past it, `response_order`
+    response_margin: float = 1.25  # past feedback, a waiting job preempts only with this times the ratio
     pack: bool = True
     migrate: bool = True
     grow: bool = True
@@ -302,7 +310,7 @@ class Gandiva(_TrialParams):
         window = self.rotation_window if self.rotation_window is not None else (self.quantum or 0.0) / 4
         order, counts = _las_counts(
             jobs, now, capacity(view), self.slice_floor, self.seed, hyst, step, grid, grace, window, view.group_caps,
-            self.service_ratio, self.feedback_service,
+            self.service_ratio, self.feedback_service, self.response_margin,
         )
         this_round = Round(
             view,
@@ -323,6 +331,7 @@ class Gandiva(_TrialParams):
             window=window,
             # A job Slurm would hold waits here instead: the leftover loop gives its GPUs to others.
             strict_ties=True,
+            leftovers_in_order=True,
         )
         return run_round(this_round)
 

@@ -88,6 +88,10 @@ class Round:
     grace: float = 0.0
     window: float | None = None
     strict_ties: bool = False
+    # Leftover GPUs go to the jobs without GPUs in priority order, a running one staying put where it can
+    # (False: waiting jobs first, then running ones). Waiting-first stopped a running job that held
+    # leftovers behind a wide job that could not be placed, for a waiting one, and back at the next round.
+    leftovers_in_order: bool = False
 
 
 def run_round(r: Round) -> Plan:
@@ -135,7 +139,7 @@ def run_round(r: Round) -> Plan:
     for j in order:
         if final[j.job_id] is None:
             (stopped if j.state is JobState.RUNNING else waiting).append(j)
-    waiting += stopped
+    waiting = [j for j in order if final[j.job_id] is None] if r.leftovers_in_order else waiting + stopped
     # A capped group's jobs run only while it has places left (`ClusterView.group_caps`).
     room = GroupRoom(view.group_caps, (j for j in jobs if final[j.job_id] is not None))
     # Leftover GPUs (shared GPUs make the count arithmetic conservative) go to whoever still waits.

@@ -341,6 +341,51 @@ def test_past_its_early_feedback_a_job_runs_in_response_ratio_order() -> None:
         ("suspend", "a", "-"), ("start", "d", "n1:0")]
 
 
+def test_past_feedback_a_running_job_keeps_its_gpus_unless_a_ratio_beats_it_by_the_margin() -> None:
+    """Past its early feedback a running job counts its response ratio `response_margin` (1.25) times
+    higher: a waiting job of a slightly higher ratio does not take its GPU (no swap back and forth as
+    ratios creep past each other), one of a clearly higher ratio does."""
+    pol = make_policy("gandiva", pack=False)
+    now = 6000.0
+    a = running("a", gp("n1", 0), since=0.0, attained_service=3000.0, progress=3000.0, work=13_000.0)  # 1.6
+
+    def stopped(work: float) -> Job:
+        return job("b", work=work, state=JobState.SUSPENDED, attained_service=700.0, progress=700.0,
+                   last_run_end=700.0, times_scheduled=1)
+
+    assert not pol.decide(ClusterView(ONE_GPU, (a, stopped(8_700.0)), now), now)  # (6000 + 8000) / 8000: 1.75
+    assert steps(pol.decide(ClusterView(ONE_GPU, (a, stopped(5_700.0)), now), now)) == [  # 2.2: over 1.6 x 1.25
+        ("suspend", "a", "-"), ("resume", "b", "n1:0")]
+    even = make_policy("gandiva", pack=False, response_margin=1.0)
+    assert steps(even.decide(ClusterView(ONE_GPU, (a, stopped(8_700.0)), now), now)) == [
+        ("suspend", "a", "-"), ("resume", "b", "n1:0")]
+
+
+def test_leftover_gpus_go_in_priority_order_so_a_running_job_keeps_them() -> None:
+    """A 2-GPU job on one node (max_nodes 1) is counted for GPUs but fits no node: the GPUs left over go
+    to the jobs without any in priority order, so the running job `l` (response ratio 1.6, counted 1.25
+    times higher) stays where it is and one waiting job of a lower ratio takes the other free GPU.
+    Waiting jobs first stopped `l` for two waiting ones, and swapped them back at the next rotation."""
+    pol = make_policy("gandiva", pack=False, migrate=False)
+    now = 6000.0
+    topo = Topology.uniform(2, 2)
+
+    def high(jid: str, at: Placement) -> Job:  # ratio (6000 + 1000) / 1000: 7
+        return running(jid, at, attained_service=5000.0, progress=5000.0, work=6000.0)
+
+    wide = job("w", 2, work=5400.0, state=JobState.SUSPENDED, attained_service=1400.0, progress=1400.0,
+               last_run_end=1400.0, times_scheduled=1)  # ratio 4, but needs both GPUs of one node
+    wide = wide.evolve(spec=replace(wide.spec, max_nodes=1))
+    left = running("l", gp("n1", 1), attained_service=3000.0, progress=3000.0, work=13_000.0)  # ratio 1.6
+
+    def low(jid: str) -> Job:  # ratio (6000 + 30000) / 30000: 1.2
+        return job(jid, work=30_700.0, state=JobState.SUSPENDED, attained_service=700.0, progress=700.0,
+                   last_run_end=700.0, times_scheduled=1)
+
+    view = ClusterView(topo, (high("x", gp("n1", 0)), high("y", gp("n2", 0)), wide, left, low("z1"), low("z2")), now)
+    assert steps(pol.decide(view, now)) == [("resume", "z1", "n2:1")]
+
+
 def test_a_waiting_four_gpu_job_gets_a_node_kept_for_it_instead_of_starving() -> None:
     """Eight 1-GPU jobs hold both nodes; a 4-GPU job with no service waits. Where young slices pin GPUs
     on both nodes, the free GPU of the node with fewest pinned ones stays idle (no new 1-GPU slice
