@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,38 @@ class Parked:
         if cuda:
             torch.cuda.synchronize()
         self.moved.clear()
+
+
+def device_bytes(objects: Iterable[Any]) -> int:
+    """Bytes of the state of `objects` that lives on a device (what `to_host` would move)."""
+    return sum(t.numel() * t.element_size() for t in _tensors(objects) if t.device.type != "cpu")
+
+
+def host_room() -> int | None:
+    """Bytes this process may still take in host memory: the tightest cgroup v2 memory limit over it less
+    what that cgroup uses (Slurm's --mem where the site constrains RAM), else the node's MemAvailable; None
+    when neither can be read."""
+    rooms: list[int] = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if not line.startswith("0::"):
+                continue
+            d = CGROUP_ROOT / line[3:].strip().lstrip("/")
+            while d != CGROUP_ROOT and CGROUP_ROOT in d.parents:
+                with contextlib.suppress(OSError, ValueError):
+                    limit = (d / "memory.max").read_text().strip()
+                    if limit != "max":
+                        rooms.append(int(limit) - int((d / "memory.current").read_text()))
+                d = d.parent
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                rooms.append(int(line.split()[1]) * 1024)
+    return min(rooms) if rooms else None
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PARK_MARGIN = 0.9  # a park takes at most this share of the host memory left (the rest: what the job allocates)
 
 
 def to_host(objects: Iterable[Any]) -> Parked:
@@ -196,9 +229,22 @@ class ParkControl:
         """Park on request `seq` at this boundary: device state to host, report, wait for an unpark request
         of a later seq (True: state back on its devices) or a suspend signal (False: state left on the host,
         for the caller to checkpoint). `total_bytes(mine)` sums the ranks' bytes (a collective),
-        `on_parked(bytes, seq)` / `on_unparked(seq)` report (rank 0's progress)."""
+        `on_parked(bytes, seq)` / `on_unparked(seq)` report (rank 0's progress).
+
+        A park whose device state would not fit the host memory left to the job (`host_room`, shared by the
+        node's ranks) is declined by every rank alike: False at once, for the caller to checkpoint and leave
+        by the requeue path (the controller then takes it off its co-held GPUs), not an out-of-memory kill."""
         t0 = time.monotonic()
         self.handled = seq
+        objects = list(objects)
+        need, room = device_bytes(objects), host_room()
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        declines = total_bytes(int(bool(need) and room is not None and need > PARK_MARGIN * room / local))
+        if declines:
+            if self.rank == 0:
+                append_event(self.files.events, "park_declined", step=step, seq=seq, device_bytes=need,
+                             host_room=room, ranks_declining=declines)
+            return False
         held = to_host(objects)
         total = total_bytes(held.nbytes)
         self.parked = True

@@ -16,12 +16,14 @@ never two jobs compute on the GPUs and no parked job is forgotten.
 
 Memory: a parked job keeps its device state in its own host memory, inside its --mem. A job parks only if the
 device state it reported when it last parked (per node) fits half its --mem per node (the other half is what
-it used before); a job that never parked may park once, which measures it (`co_hold_view`).
+it used before); a job that never parked may park once, which measures it, and a job that declined a park
+(the wrapper does when its device state would not fit the host memory left to it) is not asked again
+(`co_hold_view`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from slurm_gandiva.model import CoHold, JobState, Placement
@@ -111,14 +113,16 @@ def co_hold_view(
     mem_per_node_mb: Mapping[str, int],
     nodes: Iterable[SlurmNode],
     max_gpus: int,
+    declined: Collection[str] = (),
 ) -> CoHold:
     """The view's `CoHold`. `running`: computing jobs' placements as the policies see them (the jobs that may
     park); `parked`: the parked jobs' GPUs; `parked_bytes`: job -> the device state (bytes, all its ranks) it
     held when it last parked; `mem_per_node_mb`: job -> its --mem per node (0: not set); `max_gpus`: see
-    `co_holdable` (a job Slurm holds whole GPUs for cannot park)."""
+    `co_holdable` (a job Slurm holds whole GPUs for cannot park); `declined`: jobs that did not park when
+    asked (their state did not fit their host memory, or they do not answer): the requeue path for them."""
     state: dict[str, int] = {}
     for jid, p in {**running, **parked}.items():
-        if jid in running and not co_holdable(p, max_gpus):
+        if jid in declined or (jid in running and not co_holdable(p, max_gpus)):
             continue  # whole GPUs in Slurm (across nodes, or too many): it takes turns through the requeue path
         per_gpu = parked_bytes.get(jid)
         if per_gpu is None:

@@ -38,6 +38,7 @@ from slurm_gandiva.errors import GandivaError, JobFileError
 from slurm_gandiva.model import ClusterView, Placement, Topology, Trial, TrialKind
 from slurm_gandiva.plan import Action, Plan, apply_decision
 from slurm_gandiva.requeue.contract import JobFiles
+from slurm_gandiva.requeue.operations import Outcome
 from slurm_gandiva.requeue.safe_read import read_job_progress
 from slurm_gandiva.slurm.base import SlurmBackend, SlurmJob, Snapshot
 from slurm_gandiva.store.api import JobRecord
@@ -71,6 +72,7 @@ class Observer:
         self.tenants = TenantsCache(backend, store, clock)  # Slurm's shares and GPU limits, cached
         self.parked = ParkedJobs(store)  # which running jobs are parked on co-held GPUs (controller.cohold)
         self._parked_bytes: dict[str, int] = {}  # job id -> device state it held when it last parked
+        self._declined: set[str] = set()  # jobs that did not park when asked: the requeue path for them
         self.claim_problems: Mapping[str, str] = {}  # job id -> why its claim of finishing is ignored (last round)
         self._trials: dict[str, Trial] = {}
         self._failed_trials: dict[str, frozenset[TrialKind]] = {}
@@ -176,10 +178,11 @@ class Observer:
         if most or parked:  # jobs parked before co_hold was turned off still unpark, or leave their GPUs
             running = {j.job_id: j.placement for j in view.running if j.placement is not None} if most else {}
             mem = {jid: managed[jid].min_memory_per_node for jid in running.keys() | parked.keys()}
-            co = co_hold_view(running, parked, self._parked_bytes, mem, snap.nodes, most)
+            co = co_hold_view(running, parked, self._parked_bytes, mem, snap.nodes, most, self._declined)
             view = replace(view, co_hold=co)
         for jid in self._parked_bytes.keys() - records.keys():
             del self._parked_bytes[jid]
+        self._declined &= records.keys()
         self.parked.forget(records)
         for memo in (self._job_memo, self._progress_memo, self._group_specs, self._inputs_memo):
             for jid in memo.keys() - records.keys():
@@ -277,7 +280,8 @@ class Observer:
         return self._speedups[key]
 
     def note_trials(self, view: ClusterView, results: tuple[ActResult, ...]) -> None:
-        """Keep each job's introspective trial (the policy's bookkeeping) between ticks."""
+        """Keep each job's introspective trial (the policy's bookkeeping) between ticks, and the jobs that went
+        the requeue path when asked to park (`co_hold_view`'s `declined`)."""
         running = {j.job_id for j in view.running}
         for jid in [j for j in self._trials if j not in running]:
             del self._trials[jid]
@@ -285,6 +289,8 @@ class Observer:
         for jid in [j for j in self._failed_trials if j not in active]:
             del self._failed_trials[jid]
         for r in results:
+            if r.decision.action is Action.PARK and r.op is not None and r.op.outcome is not Outcome.PARKED:
+                self._declined.add(r.decision.job_id)  # it went the requeue path instead: do not ask again
             if not r.ok:
                 continue
             job = apply_decision(view.job(r.decision.job_id), r.decision, self.clock())

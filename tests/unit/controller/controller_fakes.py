@@ -152,6 +152,7 @@ class FakeProtocol(Operations):
         self.deferred: list[str] = []  # job ids the actor asked to defer, in call order
         self.signals: dict[str, str | None] = {}  # job id -> the signal its last suspend or move was given
         self.parked: set[str] = set()  # jobs parked in place (their Slurm state does not change)
+        self.decline: set[str] = set()  # jobs that do not park when asked: suspended through the requeue path
 
     def _enter(self, op: str, job_id: str, placement: Placement | None) -> None:
         with self.lock:
@@ -279,6 +280,9 @@ class FakeProtocol(Operations):
 
 
     def park(self, job_id: str) -> OpResult:
+        if job_id in self.decline:
+            res = self.suspend(job_id)
+            return OpResult(job_id, Op.PARK, Outcome.ESCALATED, res.steps, None, "did not park")
         self._enter("park", job_id, None)
         self.parked.add(job_id)
         return OpResult(job_id, Op.PARK, Outcome.PARKED, (StepRecord(Step.WAIT_SWITCH, self.delay),))

@@ -131,3 +131,26 @@ def test_a_start_waits_for_the_park_on_its_gpu_and_a_parked_job_placed_elsewhere
     assert ("migrate", "3", Placement((GpuRef("n2", 0),), shared=True)) in proto.calls  # requeued, then there
     assert store.get_job("1").state is JobState.SUSPENDED and store.current_slice("1") is None
     assert store.current_slice("2").placement == G0 and store.current_slice("3").placement == pl("n2", 0)
+
+
+def test_a_job_that_declined_a_park_takes_its_later_turns_through_the_requeue_path(tmp_path: Path) -> None:
+    clock = [1000.0]
+    backend = FakeBackend([sjob("1", submit=100.0), sjob("2", submit=101.0)], clock=lambda: clock[0])
+    backend.caps = SlurmCapabilities.for_release((24, 11, 5))
+    proto = FakeProtocol(backend)
+    proto.decline = {"1"}  # e.g. its device state would not fit the host memory left to it
+    ctl = controller(tmp_path, backend, clock, proto)
+    ctl.tick()
+    clock[0] += 11
+    rep = ctl.tick()
+    assert [(r.decision.action, r.decision.job_id) for r in rep.results] == [(Action.PARK, "1"), (Action.START, "2")]
+    assert backend.job("1").pending  # it went the requeue path
+    clock[0] += 11
+    rep = ctl.tick()  # job 2 parks, job 1 comes back by a resume (it was requeued)
+    assert [(r.decision.action, r.decision.job_id) for r in rep.results] == [
+        (Action.PARK, "2"), (Action.RESUME, "1")]
+    clock[0] += 11
+    rep = ctl.tick()  # job 1's turn ends: a suspend now, never asked to park again
+    assert (Action.SUSPEND, "1") in [(r.decision.action, r.decision.job_id) for r in rep.results]
+    asked = [d.action for d in ctl.store.decisions(job_ids=["1"]) if d.action is Action.PARK]
+    assert asked == [Action.PARK]  # only the first, declined, ask

@@ -94,6 +94,32 @@ def test_progress_carries_the_parked_fields() -> None:
     assert Progress.from_mapping(old).parked_bytes is None
 
 
+def test_a_park_whose_device_state_does_not_fit_host_memory_is_declined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Device state larger than the host memory left (the cgroup's --mem, or the node's) is not moved: the
+    rank declines (False: the caller checkpoints and leaves by the requeue path), nothing is moved."""
+    import torch
+
+    from job_wrapper import park as park_mod
+
+    model = torch.nn.Linear(256, 256, device="meta")  # "device" state without memory: 263 kB of it
+    need = park_mod.device_bytes([model])
+    assert need == (256 * 256 + 256) * 4 and park_mod.device_bytes([torch.nn.Linear(4, 4)]) == 0
+    files = JobFiles(tmp_path)
+    ctl = park_mod.ParkControl(files, 0)
+    monkeypatch.setattr(park_mod, "host_room", lambda: need)  # the margin leaves too little room
+    reported: list[int] = []
+    ok = ctl.park(3, 10, [model], total_bytes=lambda mine: mine, on_parked=lambda b, s: reported.append(b),
+                  on_unparked=lambda s: None, suspend_requested=lambda: False)
+    assert ok is False and reported == [] and not ctl.parked and ctl.handled == 3
+    assert model.weight.device.type == "meta"
+    events = [json.loads(line) for line in files.events.read_text().splitlines()]
+    assert [(e["event"], e["device_bytes"], e["host_room"]) for e in events] == [("park_declined", need, need)]
+    room = park_mod.host_room()
+    assert room is None or room > 0  # this machine's own reading: the cgroup's room, else MemAvailable
+
+
 # -- real processes ------------------------------------------------------------------------------------------
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the request must be root's (and chown needs root)")
