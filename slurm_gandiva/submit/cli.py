@@ -5,6 +5,12 @@ Where things are found (first that applies):
              config ($GANDIVA_CONF or /etc/gandiva/gandiva.conf: jobs_dir), /var/lib/gandiva/jobs
   topology:  --topology, $GANDIVA_TOPOLOGY, <dir of $SLURM_CONF>/../topology.json, the controller's config
              (topology_file, when it exists), else the GPUs Slurm reports
+
+Memory (where the controller runs with co_hold = yes): a job taking turns on GPUs may wait parked, its device
+state (parameters, gradients, optimizer state) moved into its host memory, so ask --mem (per node) for what
+it uses on the host plus that state. A job whose state would not fit declines the park and takes its turns
+by checkpoint and requeue instead (slower switches, nothing lost); one whose state exceeds half its --mem
+is not asked to park again.
 """
 
 from __future__ import annotations
