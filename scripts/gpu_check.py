@@ -12,7 +12,9 @@
    parameter hash; the run must say it trained on cuda;
 5. (informational) two ranks on one GPU through gloo: CUDA tensors in ordered_allreduce's all-gather;
 6. park / unpark in place (issue 31) with >= 1 GB of device state: benchmarks/bench_park.py --device cuda:
-   the switch's medians, and the parked process's GPU memory released (reserved <= 10% of what it moved).
+   the switch's medians, and the parked process's GPU memory released (reserved <= 10% of what it moved);
+7. (informational) the driver's CUDA checkpoint of a parked job (benchmarks/bench_cuda_checkpoint.py): the
+   process's GPU memory with its context checkpointed to the host too, and the time it takes.
 Exit status 0 when checks 1-4 and 6 pass. No Slurm is needed: the wrapper runs outside a job, as in
 tests/unit/wrapper/test_wrapper_process.py.
 """
@@ -215,6 +217,22 @@ def park_on_gpu(work: Path) -> str:
             f"parked CPU {r['parked_cpu_s_per_2s']:.3f} s in 2 s")
 
 
+def cuda_checkpoint(work: Path) -> str:
+    out = work / "cuda_checkpoint.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_cuda_checkpoint.py"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    if proc.returncode != 0 or not out.exists():
+        raise AssertionError(f"bench_cuda_checkpoint exited {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}")
+    r = json.loads(out.read_text())
+    return (f"{r['size']}, {r['state_bytes'] / 1e9:.2f} GB of state: GPU memory of the process running "
+            f"{r['gpu_mib_running']} MiB, parked {r['gpu_mib_parked']} MiB, checkpointed by the driver "
+            f"{r['gpu_mib_checkpointed']} MiB, restored {r['gpu_mib_restored']} MiB; lock+checkpoint "
+            f"{r['lock_checkpoint_s']:.3f} s, restore+unlock {r['restore_unlock_s']:.3f} s; unpark -> 3 steps "
+            f"{r['unpark_to_3_steps_s']:.3f} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="write the report here too (gpu_check.txt)")
@@ -232,6 +250,9 @@ def main() -> int:
     check("5 (informational) 2 ranks on one GPU through gloo",
           lambda: wrapper_on_gpu(work, 2, {"GANDIVA_DIST_BACKEND": "gloo"}), info)
     check("6 park / unpark in place with >= 1 GB of device state", lambda: park_on_gpu(work), results)
+    if not DRY_RUN:
+        check("7 (informational) the driver's CUDA checkpoint of a parked job: its context freed too",
+              lambda: cuda_checkpoint(work), info)
     required = all(results.values())
     say(f"gpu_check: {'all required checks passed' if required else 'FAILED'} "
         f"({sum(results.values())}/{len(results)} required, {sum(info.values())}/{len(info)} informational)")
