@@ -87,11 +87,12 @@ start_pyslurm() {  # the pyslurm runs, in the background beside the batch that t
   # cluster per process) the backend's own tests on theirs (GANDIVA_PYSLURM_PORT_BASE, 18800).
   # The job-side integrations (DataLoader, Lightning, HF Trainer) and the jobs on several nodes (their node
   # count goes through scontrol with either backend) reach Slurm only through the protocol calls the rest
-  # of the suite makes: left out here for CI's time, run on every release with the CLI.
+  # of the suite makes: left out here for CI's time, run on every release with the CLI. So is the controller
+  # driving co-held GPUs (test_cohold.py): its Slurm calls are test_parking.py's (park, freeze, thaw), run here.
   echo "== real-Slurm tests through pyslurm on Slurm $pyslurm_rel running (logs: $logs/pytest-pyslurm*.log)"
   (pyslurm_run "the real-Slurm suite" $((base + 3000)) -m slurm tests/integration/ \
     --ignore=tests/integration/test_loader.py --ignore=tests/integration/test_frameworks.py \
-    --ignore=tests/integration/test_multinode.py "$@") \
+    --ignore=tests/integration/test_multinode.py --ignore=tests/integration/test_cohold.py "$@") \
     >"$logs/pytest-pyslurm.log" 2>&1 &
   pys_suite_pid=$!
   (pyslurm_run "the pyslurm backend's own tests" "$base" -m pyslurm tests/integration/test_pyslurm_backend.py "$@") \
