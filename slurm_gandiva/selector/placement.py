@@ -92,8 +92,31 @@ class _NodeState:
         return _MIXED
 
 
-def _pool_template(topology: Topology) -> list[tuple[str, dict[GpuRef, GpuInfo], int]]:
-    return [(n.name, {g.ref: g for g in n.gpus}, n.shards) for n in topology.nodes if n.up]
+@dataclass(frozen=True)
+class _PoolTemplate:
+    """A fresh pool's state for one topology, built once and copied by each `GpuPool` (one a round or more)."""
+
+    free: tuple[tuple[str, dict[GpuRef, GpuInfo]], ...]  # up nodes in topology order: name, all GPUs free
+    shard_cap: dict[str, int]
+    index: dict[tuple[int, int], dict[str, None]]  # the node index with no job booked (`GpuPool._add_index`)
+    keys: dict[int, int]
+    max_node_gpus: int
+    free_total: int
+
+
+def _pool_template(topology: Topology) -> _PoolTemplate:
+    free = tuple((n.name, {g.ref: g for g in n.gpus}) for n in topology.nodes if n.up)
+    index: dict[tuple[int, int], dict[str, None]] = {}
+    for name, gpus in free:
+        index.setdefault((_EMPTY, len(gpus)), {})[name] = None
+    return _PoolTemplate(
+        free=free,
+        shard_cap={n.name: n.shards for n in topology.nodes if n.up},
+        index=index,
+        keys={_EMPTY: len(free)} if free else {},
+        max_node_gpus=max((len(g) for _, g in free), default=0),
+        free_total=sum(len(g) for _, g in free),
+    )
 
 
 Need = tuple[int, int]  # CPUs and memory (MB) a job takes on each of its nodes
@@ -136,24 +159,19 @@ class GpuPool:
         # `find` requests (GPUs, tied indices, max nodes) that found nothing since the pool last changed:
         # they find nothing again (a round asks the same of many waiting jobs).
         self._failed: set[tuple[int, frozenset[int], int | None, Need]] = set()
-        self._nodes: dict[str, _NodeState] = {}
         self._shards: dict[GpuRef, int] = {}
         self._whole: set[GpuRef] = set()
-        self._index: dict[tuple[int, int], dict[str, None]] = {}
-        self._keys: dict[int, int] = {}
-        self._shard_cap: dict[str, int] = {}
         self._factors: dict[tuple[int, int, Locality], float] = {}
         self._node_refs: dict[str, tuple[GpuRef, ...]] = {}
-        self.max_node_gpus = 0
-        self._free_total = 0
         template = self.memo.per_topology(topology, _pool_template)
-        for name, free, shards in template:
-            st = _NodeState(dict(free))
-            self._nodes[name] = st
-            self._shard_cap[name] = shards
-            self.max_node_gpus = max(self.max_node_gpus, len(free))
-            self._free_total += len(free)
-            self._add_index(name, st)
+        self._nodes: dict[str, _NodeState] = {name: _NodeState(dict(free)) for name, free in template.free}
+        self._shard_cap = template.shard_cap  # read only
+        # Nodes by (affinity key, free GPUs), each bucket in the order nodes were (re)indexed, which
+        # placement's tie-breaks follow; `_keys`: affinity key -> how many nodes have it.
+        self._index = {k: dict(v) for k, v in template.index.items()}
+        self._keys = dict(template.keys)
+        self.max_node_gpus = template.max_node_gpus
+        self._free_total = template.free_total
         # Free CPUs and memory of the nodes that count them (`Node.cpus`); booking a job takes its `Need`.
         self._room = {k: list(v) for k, v in self.memo.per_topology(topology, _room_template).items()}
 
@@ -269,15 +287,46 @@ class GpuPool:
         self._keys.clear()
         out: list[bool] = []
         for i, placement in enumerate(placements):
-            if not self.can_book(placement):
+            if placement.shared:
+                if not self.can_book(placement):
+                    out.append(False)
+                    continue
+                self._take(placement)
+            elif not self._take_whole(placement.gpus):
                 out.append(False)
                 continue
-            self._take(placement)
-            self._use(placement, need_of(jobs[i] if jobs is not None else None), 1)
+            if self._room:
+                self._use(placement, need_of(jobs[i] if jobs is not None else None), 1)
             out.append(True)
-        for name, st in self._nodes.items():
-            self._add_index(name, st)
+        index, keys = self._index, self._keys
+        for name, st in self._nodes.items():  # `_add_index` of every node, inlined: this runs every round
+            sizes = st.sizes
+            key = _EMPTY if not sizes else next(iter(sizes)) if len(sizes) == 1 else _MIXED
+            index.setdefault((key, len(st.free)), {})[name] = None
+            keys[key] = keys.get(key, 0) + 1
         return out
+
+    def _take_whole(self, gpus: tuple[GpuRef, ...]) -> bool:
+        """`can_book` and `_take` for a whole-GPU placement in one pass; False, and nothing taken, if a GPU
+        is not free."""
+        nodes = self._nodes
+        states: list[_NodeState] = []
+        for g in gpus:
+            st = nodes.get(g.node)
+            if st is None or g not in st.free:
+                return False
+            states.append(st)
+        self._failed.clear()
+        whole = self._whole
+        for g, st in zip(gpus, states, strict=True):
+            del st.free[g]
+            whole.add(g)
+        self._free_total -= len(gpus)
+        size = len(gpus)
+        for st in dict.fromkeys(states):
+            sizes = st.sizes
+            sizes[size] = sizes.get(size, 0) + 1
+        return True
 
     def settle(self, placement: Placement) -> None:
         """Mark a booked placement as a running job's that stays: only such GPUs tie a requeued job
