@@ -121,13 +121,28 @@ class Topology:
         return ref in self._by_ref
 
     def all_gpus(self, *, up_only: bool = True) -> tuple[GpuRef, ...]:
-        return tuple(g.ref for n in self.nodes if n.up or not up_only for g in n.gpus)
+        return self._up_gpus if up_only else tuple(g.ref for n in self.nodes for g in n.gpus)
+
+    @cached_property
+    def _up_gpus(self) -> tuple[GpuRef, ...]:
+        return tuple(g.ref for n in self.nodes if n.up for g in n.gpus)
 
     @property
     def total_gpus(self) -> int:
         return sum(len(n.gpus) for n in self.nodes)
 
+    @cached_property
+    def _localities(self) -> dict[tuple[GpuRef, ...], Locality]:
+        return {}  # locality's answers: the topology is frozen, and policies ask of the same placements each round
+
     def locality(self, gpus: Iterable[GpuRef]) -> Locality:
+        key = gpus if isinstance(gpus, tuple) else tuple(gpus)
+        hit = self._localities.get(key)
+        if hit is None:
+            hit = self._localities[key] = self._locality(key)
+        return hit
+
+    def _locality(self, gpus: tuple[GpuRef, ...]) -> Locality:
         infos = [self._by_ref[g] for g in gpus]
         if len({i.ref.node for i in infos}) > 1:
             return Locality.CROSS_NODE
@@ -504,7 +519,12 @@ class ClusterView:
 
     def free_gpus(self) -> tuple[GpuRef, ...]:
         """GPUs on up nodes that no running job holds, whole or shared."""
-        return tuple(g for g in self.topology.all_gpus() if g not in self.usage)
+        return self._free_gpus
+
+    @cached_property
+    def _free_gpus(self) -> tuple[GpuRef, ...]:
+        usage = self.usage
+        return tuple(g for g in self.topology.all_gpus() if g not in usage)
 
     def consistency_errors(self) -> list[str]:
         """Why this view is impossible (empty when it is fine): double bookings, bad nodes, bad counts."""

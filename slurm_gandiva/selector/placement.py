@@ -29,6 +29,7 @@ from slurm_gandiva.model import (
 )
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector.common import Memo
+from slurm_gandiva.selector.pool_state import BOOKED_LIMIT, EMPTY, Booked, booked_cache, pool_template
 
 # Relative speed at each locality when the job's own rates say nothing about it (the default locality
 # penalty). It also stands for a better locality that was never measured: a job measured only across
@@ -45,7 +46,7 @@ TIER_COST = 0.02
 # How many candidate nodes one tier examines for a better locality before settling.
 _SCAN_LIMIT = 8
 
-_EMPTY = 0  # affinity key of a node with no jobs
+_EMPTY = EMPTY  # affinity key of a node with no jobs
 _MIXED = -1  # affinity key of a node whose jobs have different GPU counts
 
 
@@ -79,9 +80,9 @@ def locality_factor(job: Job, gpus: int, locality: Locality) -> float:
 class _NodeState:
     __slots__ = ("free", "sizes")
 
-    def __init__(self, free: dict[GpuRef, GpuInfo]) -> None:
+    def __init__(self, free: dict[GpuRef, GpuInfo], sizes: dict[int, int] | None = None) -> None:
         self.free = free
-        self.sizes: dict[int, int] = {}  # GPU count of a job on this node -> how many such jobs
+        self.sizes: dict[int, int] = sizes if sizes is not None else {}  # GPU count of a job here -> how many
 
     @property
     def key(self) -> int:
@@ -90,10 +91,6 @@ class _NodeState:
         if len(self.sizes) == 1:
             return next(iter(self.sizes))
         return _MIXED
-
-
-def _pool_template(topology: Topology) -> list[tuple[str, dict[GpuRef, GpuInfo], int]]:
-    return [(n.name, {g.ref: g for g in n.gpus}, n.shards) for n in topology.nodes if n.up]
 
 
 Need = tuple[int, int]  # CPUs and memory (MB) a job takes on each of its nodes
@@ -136,24 +133,20 @@ class GpuPool:
         # `find` requests (GPUs, tied indices, max nodes) that found nothing since the pool last changed:
         # they find nothing again (a round asks the same of many waiting jobs).
         self._failed: set[tuple[int, frozenset[int], int | None, Need]] = set()
-        self._nodes: dict[str, _NodeState] = {}
         self._shards: dict[GpuRef, int] = {}
         self._whole: set[GpuRef] = set()
-        self._index: dict[tuple[int, int], dict[str, None]] = {}
-        self._keys: dict[int, int] = {}
-        self._shard_cap: dict[str, int] = {}
         self._factors: dict[tuple[int, int, Locality], float] = {}
         self._node_refs: dict[str, tuple[GpuRef, ...]] = {}
-        self.max_node_gpus = 0
-        self._free_total = 0
-        template = self.memo.per_topology(topology, _pool_template)
-        for name, free, shards in template:
-            st = _NodeState(dict(free))
-            self._nodes[name] = st
-            self._shard_cap[name] = shards
-            self.max_node_gpus = max(self.max_node_gpus, len(free))
-            self._free_total += len(free)
-            self._add_index(name, st)
+        template = self.memo.per_topology(topology, pool_template)
+        self._nodes: dict[str, _NodeState] = {name: _NodeState(dict(free)) for name, free in template.free}
+        self._shard_cap = template.shard_cap  # read only
+        # Nodes by (affinity key, free GPUs), each bucket in the order nodes were (re)indexed, which
+        # placement's tie-breaks follow; `_keys`: affinity key -> how many nodes have it.
+        self._index = {k: dict(v) for k, v in template.index.items()}
+        self._keys = dict(template.keys)
+        self.max_node_gpus = template.max_node_gpus
+        self._free_total = template.free_total
+        self._pristine = True  # nothing booked, settled, released or found yet (`book_many` may reuse a state)
         # Free CPUs and memory of the nodes that count them (`Node.cpus`); booking a job takes its `Need`.
         self._room = {k: list(v) for k, v in self.memo.per_topology(topology, _room_template).items()}
 
@@ -246,6 +239,7 @@ class GpuPool:
 
     def _take(self, placement: Placement) -> None:
         """Mark a bookable placement's GPUs (whole or a shard each) and count its size on its nodes."""
+        self._pristine = False
         self._failed.clear()
         for g in placement.gpus:
             st = self._nodes[g.node]
@@ -264,30 +258,106 @@ class GpuPool:
 
     def book_many(self, placements: Sequence[Placement], jobs: Sequence[Job] | None = None) -> list[bool]:
         """`book` each placement in turn for the job at its place in `jobs`, rebuilding the node index once at
-        the end. Jobs that stay where they run: their CPUs and memory are taken even where a node seems full."""
+        the end. Jobs that stay where they run: their CPUs and memory are taken even where a node seems full.
+
+        On a fresh pool without CPU or memory counts, the same placements (the same objects) booked on the
+        same topology before give the state they gave then, copied (`Booked`)."""
+        cache: dict[tuple[int, ...], Booked] | None = None
+        key: tuple[int, ...] = ()
+        if self._pristine and not self._room:
+            cache = self.memo.per_topology(self.topology, booked_cache)
+            key = tuple(map(id, placements))
+            hit = cache.get(key)
+            if hit is not None and all(a is b for a, b in zip(hit.placements, placements, strict=True)):
+                self._restore(hit)
+                return list(hit.out)
+        out = self._book_many(placements, jobs)
+        if cache is not None:
+            if len(cache) >= BOOKED_LIMIT:
+                cache.clear()
+            cache[key] = self._snapshot(placements, out)
+        return out
+
+    def _book_many(self, placements: Sequence[Placement], jobs: Sequence[Job] | None) -> list[bool]:
         self._index.clear()
         self._keys.clear()
         out: list[bool] = []
         for i, placement in enumerate(placements):
-            if not self.can_book(placement):
+            if placement.shared:
+                if not self.can_book(placement):
+                    out.append(False)
+                    continue
+                self._take(placement)
+            elif not self._take_whole(placement.gpus):
                 out.append(False)
                 continue
-            self._take(placement)
-            self._use(placement, need_of(jobs[i] if jobs is not None else None), 1)
+            if self._room:
+                self._use(placement, need_of(jobs[i] if jobs is not None else None), 1)
             out.append(True)
-        for name, st in self._nodes.items():
-            self._add_index(name, st)
+        index, keys = self._index, self._keys
+        for name, st in self._nodes.items():  # `_add_index` of every node, inlined: this runs every round
+            sizes = st.sizes
+            key = _EMPTY if not sizes else next(iter(sizes)) if len(sizes) == 1 else _MIXED
+            index.setdefault((key, len(st.free)), {})[name] = None
+            keys[key] = keys.get(key, 0) + 1
         return out
+
+    def _take_whole(self, gpus: tuple[GpuRef, ...]) -> bool:
+        """`can_book` and `_take` for a whole-GPU placement in one pass; False, and nothing taken, if a GPU
+        is not free."""
+        nodes = self._nodes
+        states: list[_NodeState] = []
+        for g in gpus:
+            st = nodes.get(g.node)
+            if st is None or g not in st.free:
+                return False
+            states.append(st)
+        self._pristine = False
+        self._failed.clear()
+        whole = self._whole
+        for g, st in zip(gpus, states, strict=True):
+            del st.free[g]
+            whole.add(g)
+        self._free_total -= len(gpus)
+        size = len(gpus)
+        for st in dict.fromkeys(states):
+            sizes = st.sizes
+            sizes[size] = sizes.get(size, 0) + 1
+        return True
+
+    def _snapshot(self, placements: Sequence[Placement], out: list[bool]) -> Booked:
+        return Booked(
+            placements=tuple(placements),
+            out=tuple(out),
+            nodes=tuple((name, dict(st.free), dict(st.sizes)) for name, st in self._nodes.items()),
+            whole=frozenset(self._whole),
+            shards=dict(self._shards),
+            index={k: dict(v) for k, v in self._index.items()},
+            keys=dict(self._keys),
+            free_total=self._free_total,
+        )
+
+    def _restore(self, booked: Booked) -> None:
+        """This fresh pool's state becomes `booked`'s (a copy: the cached one is never changed)."""
+        self._pristine = False
+        self._nodes = {name: _NodeState(dict(free), dict(sizes)) for name, free, sizes in booked.nodes}
+        self._whole = set(booked.whole)
+        self._shards = dict(booked.shards)
+        self._index = {k: dict(v) for k, v in booked.index.items()}
+        self._keys = dict(booked.keys)
+        self._free_total = booked.free_total
 
     def settle(self, placement: Placement) -> None:
         """Mark a booked placement as a running job's that stays: only such GPUs tie a requeued job
         (`Job.requeue_indices`); one starting in the same plan waits for the requeued job's resume
         (the actor's waves), so it does not."""
+        self._pristine = False
         self._failed.clear()
         self._settled.update(placement.gpus)
 
     def release(self, placement: Placement, job: Job | None = None) -> None:
         """Undo `book(placement, job)` (and `settle`)."""
+        self._pristine = False
         self._failed.clear()
         self._use(placement, need_of(job), -1)
         self._settled.difference_update(placement.gpus)
@@ -356,6 +426,7 @@ class GpuPool:
         if found is None and not (tied and self.ties and self.strict_ties):
             found = self._find(job, gpus, frozenset(), tied)
         if found is None:
+            self._pristine = False
             self._failed.add(request)
         return found
 
