@@ -342,10 +342,10 @@ def test_past_its_early_feedback_a_job_runs_in_response_ratio_order() -> None:
 
 
 def test_past_feedback_a_running_job_keeps_its_gpus_unless_a_ratio_beats_it_by_the_margin() -> None:
-    """Past its early feedback a running job counts its response ratio `response_margin` (1.25) times
-    higher: a waiting job of a slightly higher ratio does not take its GPU (no swap back and forth as
-    ratios creep past each other), one of a clearly higher ratio does."""
-    pol = make_policy("gandiva", pack=False)
+    """Past its early feedback a running job counts its response ratio `response_margin` (here 1.25; default
+    1.0) times higher: a waiting job of a slightly higher ratio does not take its GPU (no swap back and forth
+    as ratios creep past each other), one of a clearly higher ratio does."""
+    pol = make_policy("gandiva", pack=False, response_margin=1.25)
     now = 6000.0
     a = running("a", gp("n1", 0), since=0.0, attained_service=3000.0, progress=3000.0, work=13_000.0)  # 1.6
 
