@@ -436,10 +436,10 @@ class Reconciler:
         if ph is Phase.RUNNING and held is not None and same_place(target, held):
             self._record_running(d, target, f"already running on {target} (was {ph.value})", out)
             return
-        if self._gpus_taken(slurm_placement(target, self.co_hold), d.job_id, jobs.values()):
+        where = slurm_placement(target, self.co_hold)
+        if self._gpus_taken(where, d.job_id, jobs.values()):
             self._roll_back(d, sj, protocol, out)
             return
-        where = slurm_placement(target, self.co_hold)
         if d.action in (Action.START, Action.RESUME):
             res = protocol.resume(d.job_id, where)
         elif d.action is Action.RESIZE:
