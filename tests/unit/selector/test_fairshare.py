@@ -112,3 +112,21 @@ def test_one_tenant_is_decided_by_the_inner_policy_alone() -> None:
     jobs = tuple(job(f"a{i}", "alice") for i in range(3))
     view = ClusterView(TOPO, jobs, now=0.0)
     assert FairShare(make_policy("fifo")).decide(view, 0.0) == make_policy("fifo").decide(view, 0.0)
+
+
+def test_a_gpu_left_by_rounding_stays_with_its_holder_for_a_quantum() -> None:
+    """Two equal tenants on 3 GPUs: the third GPU goes to the one that used less, but the one holding it
+    keeps it until it has used a quantum more (else it would change hands every tick or two)."""
+    topo = Topology.uniform(1, 3)
+    g = topo.all_gpus()
+    jobs = (job("a0", "a", "a", at=g[0]), job("a1", "a", "a", at=g[1]), job("a2", "a", "a"))
+    jobs += (job("b0", "b", "b", at=g[2]), job("b1", "b", "b"))
+    view = ClusterView(topo, jobs)
+    fair = FairShare(make_policy("gandiva", quantum=60.0))
+    fair.state.usage = {("a", "a"): 1030.0, ("b", "b"): 1000.0}
+    assert fair.caps(view) == {("a", "a"): 2, ("b", "b"): 1}  # a holds it, 30 s ahead: keeps it
+    fair.state.usage = {("a", "a"): 1070.0, ("b", "b"): 1000.0}
+    assert fair.caps(view) == {("a", "a"): 1, ("b", "b"): 2}  # over a quantum ahead: b's turn
+    fifo = FairShare(make_policy("fifo"))  # no quantum: no credit, the lower usage gets it at once
+    fifo.state.usage = {("a", "a"): 1030.0, ("b", "b"): 1000.0}
+    assert fifo.caps(view) == {("a", "a"): 1, ("b", "b"): 2}
