@@ -119,8 +119,8 @@ def test_a_gpu_left_by_rounding_stays_with_its_holder_for_a_quantum() -> None:
     keeps it until it has used a quantum more (else it would change hands every tick or two)."""
     topo = Topology.uniform(1, 3)
     g = topo.all_gpus()
-    jobs = (job("a0", "a", "a", at=g[0]), job("a1", "a", "a", at=g[1]), job("a2", "a", "a"))
-    jobs += (job("b0", "b", "b", at=g[2]), job("b1", "b", "b"))
+    jobs = (job("a0", "a", "a", at=g[0]), job("a1", "a", "a", at=g[1]), job("a2", "a", "a"),
+            job("b0", "b", "b", at=g[2]), job("b1", "b", "b"))
     view = ClusterView(topo, jobs)
     fair = FairShare(make_policy("gandiva", quantum=60.0))
     fair.state.usage = {("a", "a"): 1030.0, ("b", "b"): 1000.0}
