@@ -139,7 +139,9 @@ def tenant_rows(view: ClusterView, policy: object) -> list[TenantRow]:
     from slurm_gandiva.selector.fairshare import FairShare, tenant_of
 
     fair = policy if isinstance(policy, FairShare) else None
-    caps = fair.caps(view) if fair is not None else {}
+    caps: Mapping[tuple[str, str], int] = {}
+    if fair is not None:  # the caps the round decided with, else worked out for this view
+        caps = fair.entitled[1] if fair.entitled is not None and fair.entitled[0] == view.now else fair.caps(view)
     held: Counter[tuple[str, str]] = Counter()
     waiting: Counter[tuple[str, str]] = Counter()
     served: defaultdict[tuple[str, str], float] = defaultdict(float)

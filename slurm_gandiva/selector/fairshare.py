@@ -148,14 +148,21 @@ def tenant_demand(view: ClusterView) -> Counter[Tenant]:
         demand.update(plain)
         return demand
     room: dict[tuple[int, tuple[str, ...]], int] = {}
-    for j in view.active:
-        want = j.spec.max_gpus
-        keys = [(i, sc) for i, lim in enumerate(limits) if (sc := lim.scope(j.spec)) is not None]
+    keys_of: dict[tuple[str, str, str], list[tuple[int, tuple[str, ...]]]] = {}  # a limit's scope reads these
+    for j in view.jobs:
+        spec = j.spec
+        if j.state.finished:
+            continue
+        want = spec.max_gpus
+        sig = (spec.account, spec.user, spec.qos)
+        keys = keys_of.get(sig)
+        if keys is None:
+            keys = keys_of[sig] = [(i, sc) for i, lim in enumerate(limits) if (sc := lim.scope(spec)) is not None]
         for k in keys:
             want = min(want, room.setdefault(k, limits[k[0]].gpus))
         for k in keys:
             room[k] -= want
-        demand[tenant_of(j)] += want
+        demand[(spec.account, spec.user)] += want
     return demand
 
 
@@ -168,6 +175,7 @@ class FairShare:
     shares: Mapping[str, float] = field(default_factory=dict)
     half_life: float = DEFAULT_HALF_LIFE_S
     state: TenantUsage = field(default_factory=TenantUsage)
+    entitled: tuple[float, dict[Tenant, int]] | None = field(default=None, repr=False)  # (now, the last round's caps)
 
     def __post_init__(self) -> None:
         bad = [a for a, s in self.shares.items() if not (isinstance(s, (int, float)) and s > 0 and math.isfinite(s))]
@@ -182,7 +190,7 @@ class FairShare:
 
     def __getattr__(self, attr: str) -> Any:
         # quantum, elastic, rotation_grid, next_decision, seed: the inner policy's.
-        if attr in ("inner", "shares", "half_life", "state"):
+        if attr in ("inner", "shares", "half_life", "state", "entitled"):
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
@@ -229,6 +237,7 @@ class FairShare:
     def decide(self, view: ClusterView, now: float) -> Plan:
         self.state.update(view, self.half_life)
         caps = self.caps(view)
+        self.entitled = (view.now, caps)
         if len(caps) < 2:  # one tenant with active jobs (or none): nothing to share
             return self.inner.decide(view, now)
         # Work-conserving first: the inner policy's own plan on the whole cluster stands (its global
