@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -223,7 +223,8 @@ class FairShare:
         if len(caps) < 2:  # one tenant with active jobs (or none): nothing to share
             return self.inner.decide(view, now)
         # Work-conserving first: the inner policy's own plan on the whole cluster stands (its global
-        # order kept across tenants) unless it leaves a tenant short of its cap by a waiting job.
+        # order kept across tenants) unless it leaves a tenant short of its cap by a waiting job, or packs
+        # a job onto another tenant's GPU past its own tenant's cap.
         plan = self.inner.decide(view, now)
         after_plan = plan.apply(view) if plan.decisions else view
         if not self._starves(after_plan, caps) and not packs_past_cap(plan, after_plan, caps):
@@ -302,18 +303,19 @@ class FairShare:
         """Whether, in `after`, a tenant is short of its cap by enough GPUs for one of its waiting jobs (a
         shortfall none of them fits in could not be used without passing its cap)."""
         smallest: dict[Tenant, int] = {}
+        running: list[Job] = []
         queued, suspended = JobState.QUEUED, JobState.SUSPENDED
         for j in after.jobs:  # one pass (10,000 jobs a round live)
             state = j.state
-            if state is queued or state is suspended:
+            if state is JobState.RUNNING:
+                running.append(j)
+            elif state is queued or state is suspended:
                 spec = j.spec
                 t = (spec.account, spec.user)
                 k = smallest.get(t)
                 if k is None or spec.min_gpus < k:
                     smallest[t] = spec.min_gpus
-        if not smallest:
-            return False
-        held = gpus_held(after.running)
+        held = gpus_held(running)
         return any(held[t] + k <= caps.get(t, 0) for t, k in smallest.items())
 
     def _release(self, view: ClusterView, caps: Mapping[Tenant, int], held: Counter[Tenant], need: int) -> list[Job]:
@@ -340,7 +342,7 @@ class FairShare:
         return out
 
 
-def gpus_held(running: tuple[Job, ...]) -> Counter[Tenant]:
+def gpus_held(running: Iterable[Job]) -> Counter[Tenant]:
     """The GPUs each tenant's `running` jobs hold: a GPU its packed jobs share counts once (as Gandiva
     alone on a tenant's share packs onto it), one that another tenant's job shares counts to both."""
     held: Counter[Tenant] = Counter()
@@ -363,7 +365,7 @@ def packs_past_cap(plan: Plan, after: ClusterView, caps: Mapping[Tenant, int]) -
     """Whether `plan` packs a job onto a shard of a GPU another tenant's job holds, its tenant ending past
     its cap in `after` (the view after `plan`). With every tenant at its cap none is short, yet such packs
     let one tenant's jobs take shards of the others' GPUs round after round (4 tenants 4:2:1:1 on 8 GPUs
-    under gandiva: the big one got 63% of the GPU-time for its 50% share)."""
+    under gandiva: the big one got 64% of the GPU-time for its 50% share)."""
     packs = [d for d in plan.decisions if d.placement is not None and d.placement.shared]
     if not packs:
         return False
