@@ -14,8 +14,13 @@ lowest first), with the attained GPU-seconds decayed by a half-life as Slurm's `
 decays usage (priority_multifactor.c; Fair Tree ranks accounts, then users in them, the same way).
 So the decayed usage decides the rounding and who gives GPUs back first; the split itself is by shares.
 
+A tenant holds the GPUs its running jobs hold (`gpus_held`): a GPU its own packed jobs share counts once,
+as on its share alone, one it shares with another tenant's job counts to both.
+
 The inner policy first decides on the whole cluster, as without the layer; its plan stands unless it
-leaves a tenant short of its cap by enough GPUs for one of its waiting jobs. So the layer is
+leaves a tenant short of its cap by enough GPUs for one of its waiting jobs, or packs a job onto a shard
+of another tenant's GPU past its own tenant's cap (`packs_past_cap`: with every tenant at its cap none is
+short, and such packs gave one tenant's jobs shards of the others' GPUs round after round). So the layer is
 work-conserving (GPUs a tenant's jobs cannot use or be placed on, and those a tenant at its cap could use
 while no one is short, stay busy) and the inner policy's global order (default's shortest-first) is kept
 while every tenant gets its share.
@@ -53,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -241,13 +246,13 @@ class FairShare:
         if len(caps) < 2:  # one tenant with active jobs (or none): nothing to share
             return self.inner.decide(view, now)
         # Work-conserving first: the inner policy's own plan on the whole cluster stands (its global
-        # order kept across tenants) unless it leaves a tenant short of its cap by a waiting job.
+        # order kept across tenants) unless it leaves a tenant short of its cap by a waiting job, or packs
+        # a job onto another tenant's GPU past its own tenant's cap.
         plan = self.inner.decide(view, now)
-        if not self._starves(plan.apply(view) if plan.decisions else view, caps):
+        after_plan = plan.apply(view) if plan.decisions else view
+        if not self._starves(after_plan, caps) and not packs_past_cap(plan, after_plan, caps):
             return plan
-        held: Counter[Tenant] = Counter()
-        for j in view.running:
-            held[tenant_of(j)] += j.gpus
+        held = gpus_held(view.running)
         waiting = {tenant_of(j) for j in view.waiting}
         unmet = sum(max(0, caps[t] - held[t]) for t in waiting)
         released = self._release(view, caps, held, unmet - len(view.free_gpus()) if unmet else 0)
@@ -320,21 +325,21 @@ class FairShare:
     def _starves(after: ClusterView, caps: Mapping[Tenant, int]) -> bool:
         """Whether, in `after`, a tenant is short of its cap by enough GPUs for one of its waiting jobs (a
         shortfall none of them fits in could not be used without passing its cap)."""
-        held: dict[Tenant, int] = {}
         smallest: dict[Tenant, int] = {}
-        running, queued, suspended = JobState.RUNNING, JobState.QUEUED, JobState.SUSPENDED
+        running: list[Job] = []
+        queued, suspended = JobState.QUEUED, JobState.SUSPENDED
         for j in after.jobs:  # one pass (10,000 jobs a round live)
             state = j.state
-            if state is running:
-                t = (j.spec.account, j.spec.user)
-                held[t] = held.get(t, 0) + j.gpus
+            if state is JobState.RUNNING:
+                running.append(j)
             elif state is queued or state is suspended:
                 spec = j.spec
                 t = (spec.account, spec.user)
                 k = smallest.get(t)
                 if k is None or spec.min_gpus < k:
                     smallest[t] = spec.min_gpus
-        return any(held.get(t, 0) + k <= caps.get(t, 0) for t, k in smallest.items())
+        held = gpus_held(running)
+        return any(held[t] + k <= caps.get(t, 0) for t, k in smallest.items())
 
     def _release(self, view: ClusterView, caps: Mapping[Tenant, int], held: Counter[Tenant], need: int) -> list[Job]:
         """Running jobs of tenants above their caps to suspend for `need` GPUs: the tenant furthest above
@@ -358,6 +363,45 @@ class FairShare:
             over[t] -= j.gpus
             need -= j.gpus
         return out
+
+
+def gpus_held(running: Iterable[Job]) -> Counter[Tenant]:
+    """The GPUs each tenant's `running` jobs hold: a GPU its packed jobs share counts once (as Gandiva
+    alone on a tenant's share packs onto it), one that another tenant's job shares counts to both."""
+    held: Counter[Tenant] = Counter()
+    shared: dict[Tenant, set[GpuRef]] = {}
+    for j in running:
+        p = j.placement
+        if p is None:
+            continue
+        spec = j.spec
+        if p.shared:
+            shared.setdefault((spec.account, spec.user), set()).update(p.gpus)
+        else:
+            held[(spec.account, spec.user)] += p.count
+    for t, gpus in shared.items():
+        held[t] += len(gpus)
+    return held
+
+
+def packs_past_cap(plan: Plan, after: ClusterView, caps: Mapping[Tenant, int]) -> bool:
+    """Whether `plan` packs a job onto a shard of a GPU another tenant's job holds, its tenant ending past
+    its cap in `after` (the view after `plan`). With every tenant at its cap none is short, yet such packs
+    let one tenant's jobs take shards of the others' GPUs round after round (4 tenants 4:2:1:1 on 8 GPUs
+    under gandiva: the big one got 64% of the GPU-time for its 50% share)."""
+    packs = [d for d in plan.decisions if d.placement is not None and d.placement.shared]
+    if not packs:
+        return False
+    holders: dict[GpuRef, set[Tenant]] = {}
+    for j in after.running:
+        for g in j.placement.gpus if j.placement is not None else ():
+            holders.setdefault(g, set()).add(tenant_of(j))
+    held = gpus_held(after.running)
+    for d in packs:
+        t = tenant_of(after.job(d.job_id))
+        if held[t] > caps.get(t, 0) and d.placement and any(holders[g] - {t} for g in d.placement.gpus):
+            return True
+    return False
 
 
 def tied_elsewhere(
@@ -403,6 +447,10 @@ def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held
     (a dropped take can leave a suspend unused, and a kept suspend is what made room for a take)."""
     decisions = list(plan.decisions)
     pruning = False  # suspends are pruned only once a take was dropped: the inner plan stands otherwise
+    holding: dict[Tenant, Counter[GpuRef]] = {}  # tenant -> GPU -> its jobs on it (a packed GPU counts once)
+    for j in view.running:
+        if j.placement is not None:
+            holding.setdefault(tenant_of(j), Counter()).update(j.placement.gpus)
     while True:
         used: set[GpuRef] = {
             g for d in decisions if d.action is not Action.SUSPEND and d.placement for g in d.placement.gpus
@@ -414,14 +462,23 @@ def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held
             or (p := view.job(d.job_id).placement) is None
             or used.intersection(p.gpus)
         ]
-        count: Counter[Tenant] = Counter(held)
+        change: dict[Tenant, Counter[GpuRef]] = {}
         takes: dict[Tenant, list[Decision]] = {}
         for d in kept:
             j = view.job(d.job_id)
+            t = tenant_of(j)
+            c = change.setdefault(t, Counter())
+            if j.state is JobState.RUNNING and j.placement is not None:
+                c.subtract(j.placement.gpus)
             new = 0 if d.action is Action.SUSPEND or d.placement is None else d.placement.count
-            count[tenant_of(j)] += new - j.gpus
+            if new:
+                c.update(d.placement.gpus if d.placement is not None else ())
             if d.action in _TAKES or (d.action is Action.RESIZE and new > j.gpus):  # a grow takes GPUs too
-                takes.setdefault(tenant_of(j), []).append(d)
+                takes.setdefault(t, []).append(d)
+        count: Counter[Tenant] = Counter(held)
+        for t in takes:
+            had = holding.get(t, Counter())
+            count[t] += sum((had[g] + n > 0) - (had[g] > 0) for g, n in change[t].items())
         over = sorted(t for t in takes if count[t] > caps.get(t, 0))
         if not over:
             return plan if len(kept) == len(plan.decisions) else Plan(tuple(kept))
