@@ -210,13 +210,9 @@ class FairShare:
         demand = tenant_demand(view)
         usage = self.state.usage
         credit = float(getattr(self.inner, "quantum", None) or 0.0)
-        held: dict[Tenant, int] = {}
         if credit > 0:
-            for j in view.jobs:
-                if j.state is JobState.RUNNING:
-                    t = (j.spec.account, j.spec.user)
-                    held[t] = held.get(t, 0) + j.gpus
-            usage = {t: usage.get(t, 0.0) - credit * held.get(t, 0) for t in set(usage) | set(held)}
+            held = gpus_held(j for j in view.jobs if j.state is JobState.RUNNING)
+            usage = {t: usage.get(t, 0.0) - credit * held[t] for t in set(usage) | set(held)}
 
         def stride(key: tuple[float, float]) -> float:
             return key[0] / key[1] if key[1] > 0 else math.inf  # a share of 0 comes last
