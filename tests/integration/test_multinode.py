@@ -101,7 +101,7 @@ def test_a_4_gpu_job_on_two_nodes_is_suspended_and_resumed_there_to_the_uninterr
 def test_a_job_across_nodes_moves_to_other_gpus_and_resizes_8_4_8_seeing_every_sample_once_per_epoch(
     slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str]
 ) -> None:
-    samples, epochs = 128, 12
+    samples, epochs = 128, 6  # 48 steps of 8 ranks or fewer (8 an epoch): the four moves take some 15 of them
     log = job_dir / "samples.jsonl"
     args = ["--epochs", str(epochs), "--samples", str(samples), "--batch-size", "16", "--sleep-per-step", "0.1",
             "--sample-log", str(log)]
