@@ -26,6 +26,7 @@ from tests.integration.test_controller import (
     env_factory,  # noqa: F401 - the fixture
     final_hash,
     reference_hash,
+    start_reference,
     states,
     store_settled,
     submit,
@@ -35,7 +36,7 @@ from tests.integration.test_parking import computing, events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
-QUANTUM, STEPS, SLEEP = 3.0, 800, 0.05  # 40 s of training each: rotations every ~10 s
+QUANTUM, STEPS, SLEEP = 1.5, 560, 0.05  # 28 s of training each: rotations every ~6 s (~12 s at quantum 3)
 TURNS = 4
 
 
@@ -51,7 +52,7 @@ def test_controller_rotates_two_jobs_on_one_gpu_in_place_and_recovers_between_pa
         return
     env = env_factory({"n1": (0,)}, quantum=QUANTUM)
     env.conf.write_text(env.conf.read_text().replace("[policy]", "co_hold = yes\n[policy]"))
-    ref = reference_hash(tmp_path, STEPS)
+    start_reference(tmp_path, STEPS)
     with GpuWatch(slurm, env.jobs) as watch:
         env.start(crash_at="unpark:intent")  # dies at its first unpark, after the park before it
         for _ in range(2):
@@ -68,6 +69,7 @@ def test_controller_rotates_two_jobs_on_one_gpu_in_place_and_recovers_between_pa
         assert env.stop() == 0, env.log_text()[-3000:]
     assert watch.samples > 10 and watch.conflicts == [], watch.conflicts
     assert set(states(env).values()) == {"COMPLETED"}
+    ref = reference_hash(tmp_path, STEPS)
     for jid in env.jobs:
         assert final_hash(env, jid) == ref, f"job {jid}: parameters differ from the uninterrupted run"
     with contextlib.closing(env.store()) as store:

@@ -66,7 +66,7 @@ def wait_fresh_training(files: JobFiles, since: float) -> None:
 def test_a_4_gpu_job_on_two_nodes_is_suspended_and_resumed_there_to_the_uninterrupted_hash(
     slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str], tmp_path: Path
 ) -> None:
-    args = ["--epochs", "6", "--samples", "512", "--batch-size", "32", "--sleep-per-step", "0.1"]
+    args = ["--epochs", "3", "--samples", "512", "--batch-size", "32", "--sleep-per-step", "0.1"]  # 48 steps
     job_id = submit(slurm, test_user, job_dir, "mn-hash", args, gpus=1, gres=None)
     cleanup_jobs.append(job_id)
     files = JobFiles(job_dir / job_id)
@@ -101,7 +101,7 @@ def test_a_4_gpu_job_on_two_nodes_is_suspended_and_resumed_there_to_the_uninterr
 def test_a_job_across_nodes_moves_to_other_gpus_and_resizes_8_4_8_seeing_every_sample_once_per_epoch(
     slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str]
 ) -> None:
-    samples, epochs = 128, 12
+    samples, epochs = 128, 6  # 48 steps of 8 ranks or fewer (8 an epoch): the four moves take some 15 of them
     log = job_dir / "samples.jsonl"
     args = ["--epochs", str(epochs), "--samples", str(samples), "--batch-size", "16", "--sleep-per-step", "0.1",
             "--sample-log", str(log)]

@@ -135,8 +135,9 @@ def test_suspended_three_times_and_moved_gives_the_uninterrupted_hash(
     cleanup_jobs: list[str],
     tmp_path: Path,
 ) -> None:
-    # Steps slow enough (0.1 s) that each slice trains a little while, however loaded the machine is.
-    args = ["--epochs", "15", "--samples", "256", "--batch-size", "16", "--sleep-per-step", "0.1"]
+    # Steps slow enough (0.1 s) that each slice trains a little while, however loaded the machine is; 96 of
+    # them: the four slices before the last take some 20.
+    args = ["--epochs", "6", "--samples", "256", "--batch-size", "16", "--sleep-per-step", "0.1"]
     ref = reference_hash(tmp_path / "ref", args)
     # An untyped count (a plain `sbatch --gres=gpu:1` job; `gandiva sbatch` submits none): every placement
     # below is still an exact GPU.
@@ -188,7 +189,7 @@ def test_resize_two_one_two_sees_every_sample_once_per_epoch(
     job_dir: Path,
     cleanup_jobs: list[str],
 ) -> None:
-    samples, epochs = 96, 8
+    samples, epochs = 96, 4  # 48 steps: the two resizes take some 12
     log = job_dir / "samples.jsonl"
     args = [
         "--epochs",
