@@ -112,7 +112,9 @@ def run_round(r: Round) -> Plan:
         return counts.get(j.job_id, 0) > 0 or counted.fits(j)
 
     res = (
-        _reservation(view, order, targets, r.now, r.min_slice, r.grid, r.grace, r.window, r.strict_ties, may_run)
+        _reservation(
+            view, order, targets, r.now, r.min_slice, r.grid, r.grace, r.window, r.strict_ties, may_run, r.memo
+        )
         if r.reserve
         else None
     )
@@ -194,6 +196,7 @@ def _reservation(
     window: float | None = None,
     strict_ties: bool = False,
     may_run: Callable[[Job], bool] | None = None,
+    memo: Memo | None = None,
 ) -> _Reservation | None:
     """GPUs to keep for the highest-priority waiting job that got none, when it needs several.
 
@@ -221,6 +224,7 @@ def _reservation(
     k = head.spec.min_gpus
     tied = head.requeue_indices if view.requeue_ties else frozenset()
     mine = next(i for i, j in enumerate(order) if j is head)
+    memo = memo if memo is not None else Memo()
     placed = targets.placements
     # node -> (job, the GPUs it holds or gets, how many on the node, its rank, ahead / pinned / movable)
     holders: dict[str, list[_Holder]] = {}
@@ -236,10 +240,7 @@ def _reservation(
             kind = _PINNED
         else:
             kind = _MOVABLE
-        per_node: dict[str, int] = {}
-        for g in p.gpus:
-            per_node[g.node] = per_node.get(g.node, 0) + 1
-        for name, n in per_node.items():
+        for name, n in memo.of(p, _per_node):
             holders.setdefault(name, []).append((j, p, n, i, kind))
 
     def option(node: Node, need: int) -> tuple[tuple[int, int, int, str], list[GpuRef], list[str], bool] | None:
@@ -340,6 +341,14 @@ def _hand_on(
         if j.spec.min_gpus <= freed and (not room or room.claim(j)):
             counts[jid] = j.spec.min_gpus
             freed -= j.spec.min_gpus
+
+
+def _per_node(p: Placement) -> tuple[tuple[str, int], ...]:
+    """(node, how many of `p`'s GPUs are on it) for each of `p`'s nodes."""
+    counts: dict[str, int] = {}
+    for g in p.gpus:
+        counts[g.node] = counts.get(g.node, 0) + 1
+    return tuple(counts.items())
 
 
 def _free_on(node: Node, holders: Sequence[_Holder], stopping: Sequence[str]) -> list[GpuRef]:

@@ -540,11 +540,15 @@ class GpuPool:
         need = gpus
         used: set[str] = set()
         by_free: dict[int, list[str]] = {}
+        every = not tied and (takes == _NO_NEED or not self._room)  # every node with free GPUs is a host
         for (_, f), bucket in self._index.items():
             if f:
                 by_free.setdefault(f, []).extend(
-                    n for n in bucket if (not tied or self._clear_for(n, tied)) and self.fits(n, takes)
+                    bucket if every else
+                    (n for n in bucket if (not tied or self._clear_for(n, tied)) and self.fits(n, takes))
                 )
+        if sum(f * len(names) for f, names in by_free.items()) < gpus:
+            return None  # (what the loop below finds too, after taking every host)
         for f in by_free:
             by_free[f].sort()
         sizes = sorted(by_free)
