@@ -109,7 +109,6 @@ class Memo:
         self._topo[key] = (topology, val)
         return val
 
-
     def of(self, obj: K, build: Callable[[K], T]) -> T:
         """`build(obj)` for a frozen `obj` (a placement), computed once per object and `build` while cached."""
         key = (id(obj), id(build))

@@ -1,6 +1,6 @@
 """The states a `placement.GpuPool` starts from, kept per topology in a policy's `Memo`: a fresh pool's
 (`PoolTemplate`) and a fresh pool's after booking the running jobs that stay (`Booked`), which rounds
-book again and again. Both are copied, never changed."""
+book again and again. Pools share both (`NodeState` is copy-on-write); neither is changed."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class NodeState:
 
 @dataclass(frozen=True)
 class PoolTemplate:
-    """A fresh pool's state for one topology, built once and copied by each `GpuPool` (one a round or more)."""
+    """A fresh pool's state for one topology, built once and shared by each `GpuPool` (one a round or more)."""
 
     states: tuple[tuple[str, NodeState], ...]  # up nodes in topology order: name, all GPUs free (never changed)
     shard_cap: dict[str, int]
