@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from slurm_gandiva.model import ClusterView, Job, JobState, RateTable, Topology
 from slurm_gandiva.plan import Plan
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 def active_jobs(view: ClusterView) -> list[Job]:
@@ -83,6 +84,7 @@ class Memo:
         self.limit = limit
         self._rates: dict[tuple[int, int], tuple[RateTable, float]] = {}
         self._topo: dict[int, tuple[Topology, object]] = {}
+        self._objs: dict[tuple[int, int], tuple[object, Any]] = {}
 
     def throughput(self, rates: RateTable, k: int) -> float:
         key = (id(rates), k)
@@ -105,6 +107,18 @@ class Memo:
             self._topo.clear()
         val = build(topology)
         self._topo[key] = (topology, val)
+        return val
+
+    def of(self, obj: K, build: Callable[[K], T]) -> T:
+        """`build(obj)` for a frozen `obj` (a placement), computed once per object and `build` while cached."""
+        key = (id(obj), id(build))
+        hit = self._objs.get(key)
+        if hit is not None and hit[0] is obj:
+            return hit[1]  # type: ignore[no-any-return]
+        if len(self._objs) >= self.limit:
+            self._objs.clear()
+        val = build(obj)
+        self._objs[key] = (obj, val)
         return val
 
 

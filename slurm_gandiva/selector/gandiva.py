@@ -14,6 +14,7 @@ Steps 3 and 4 are `gandiva_round.run_round`, given the round's inputs as a `Roun
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -150,10 +151,12 @@ def _las_counts(
     response ratio counted `margin` times higher (a waiting job takes its GPUs only with a clearly higher one).
     """
     room = GroupRoom(caps or {})
+    running = JobState.RUNNING
     holders: dict[GpuRef, int] = {}
     for j in jobs:
-        if j.state is JobState.RUNNING and j.placement is not None and j.placement.shared:
-            for g in j.placement.gpus:
+        p = j.placement
+        if p is not None and p.shared and j.state is running:
+            for g in p.gpus:
                 holders[g] = holders.get(g, 0) + 1
 
     def cost(j: Job, k: int) -> float:
@@ -161,18 +164,19 @@ def _las_counts(
             return sum(1.0 / holders[g] for g in j.placement.gpus)
         return float(k)
 
-    def service(j: Job) -> float:
-        return j.attained_service / j.spec.min_gpus - (hysteresis if j.state is JobState.RUNNING else 0.0)
-
     # Service is compared in tiers `step` wide and waiting time in rounds: jobs whose service differs by
     # start-up jitter, or that stopped in the same round a second apart, tie and fall to the stable keys
     # below instead of sub-second noise choosing. Tiers start at the values themselves (not at fixed
     # multiples of `step`), so a group of similar values is not cut in two by an arbitrary edge.
+    ids = [j.job_id for j in jobs]
+    ran = [j.state is running for j in jobs]
+    # service per GPU; a running job counts `hysteresis` less
+    svc = [j.attained_service / j.spec.min_gpus - (hysteresis if r else 0.0) for j, r in zip(jobs, ran, strict=True)]
     if ratio > 1.0:
-        served = tiers({j.job_id: math.log(max(service(j), 1.0)) for j in jobs}, math.log(ratio))
+        served = tiers(dict(zip(ids, [math.log(max(v, 1.0)) for v in svc], strict=True)), math.log(ratio))
     else:
-        served = tiers({j.job_id: service(j) for j in jobs}, step)
-    waited = tiers({j.job_id: wait_since(j) for j in jobs}, SAME_ROUND_S)
+        served = tiers(dict(zip(ids, svc, strict=True)), step)
+    waited = tiers(dict(zip(ids, map(wait_since, jobs), strict=True)), SAME_ROUND_S)
     past: dict[str, float] = {}
     if feedback > 0 and ratio > 1.0:
         last = len(jobs)  # after every tier
@@ -180,27 +184,25 @@ def _las_counts(
             if j.attained_service >= feedback * j.spec.min_gpus:
                 served[j.job_id] = last
                 past[j.job_id] = response_order(j, now) * (margin if j.state is JobState.RUNNING else 1.0)
-    order = sorted(
-        jobs,
-        key=lambda j: (
-            served[j.job_id],
-            past.get(j.job_id, 0.0),
-            j.state is not JobState.RUNNING,  # on a tie a running job keeps its GPUs: no needless swap
-            waited[j.job_id],
-            j.spec.submit_time,
-            tie_rank(seed, j.job_id),
-        ),
+    # On a tie a running job keeps its GPUs (no needless swap); the place in `jobs` last: a stable sort.
+    keyed = sorted(
+        (served[jid], past.get(jid, 0.0), not r, waited[jid], j.spec.submit_time, _tie_rank(seed, jid), i)
+        for i, (j, jid, r) in enumerate(zip(jobs, ids, ran, strict=True))
     )
+    order = [jobs[k[-1]] for k in keyed]
     free = float(cap)
     counts: dict[str, int] = {}
     for j in order:
-        if j.state is JobState.RUNNING and (young(j, now, min_slice, grid, window) or finishing(j, grace)):
+        if j.state is running and (young(j, now, min_slice, grid, window) or finishing(j, grace)):
             k = clamp(j, j.gpus)
             c = cost(j, k)
             if c <= free + 1e-9 and (not room or room.claim(j)):
                 counts[j.job_id] = k
                 free -= c
+    least = 1.0 / max(holders.values()) if holders else 1.0  # the least any job can cost
     for j in order:
+        if free + 1e-9 < least:
+            break  # nobody fits any more
         if j.job_id in counts:
             continue
         k = j.spec.min_gpus
@@ -215,6 +217,11 @@ def _las_counts(
                 counts[j.job_id] += extra
                 free -= extra
     return order, counts
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _tie_rank(seed: int, job_id: str) -> int:
+    return tie_rank(seed, job_id)  # (a pure function of its arguments, asked for every job every round)
 
 
 def response_order(job: Job, now: float) -> float:

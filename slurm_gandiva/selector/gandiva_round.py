@@ -112,7 +112,9 @@ def run_round(r: Round) -> Plan:
         return counts.get(j.job_id, 0) > 0 or counted.fits(j)
 
     res = (
-        _reservation(view, order, targets, r.now, r.min_slice, r.grid, r.grace, r.window, r.strict_ties, may_run)
+        _reservation(
+            view, order, targets, r.now, r.min_slice, r.grid, r.grace, r.window, r.strict_ties, may_run, r.memo
+        )
         if r.reserve
         else None
     )
@@ -170,6 +172,11 @@ def run_round(r: Round) -> Plan:
     return within_group_caps(targets.plan(view), view, order)
 
 
+_AHEAD, _PINNED, _MOVABLE = 0, 1, 2  # a job on a node `_reservation` weighs: ahead of its head, or not and
+# pinned (a young slice, or finishing), or not and movable
+_Holder = tuple[Job, Placement, int, int, int]  # a job on a node: its GPUs, how many there, its rank, its kind
+
+
 @dataclass(frozen=True)
 class _Reservation:
     head: Job  # the waiting job the GPUs are kept for
@@ -189,6 +196,7 @@ def _reservation(
     window: float | None = None,
     strict_ties: bool = False,
     may_run: Callable[[Job], bool] | None = None,
+    memo: Memo | None = None,
 ) -> _Reservation | None:
     """GPUs to keep for the highest-priority waiting job that got none, when it needs several.
 
@@ -215,37 +223,47 @@ def _reservation(
         return None
     k = head.spec.min_gpus
     tied = head.requeue_indices if view.requeue_ties else frozenset()
-    rank = {j.job_id: i for i, j in enumerate(order)}
-    mine = rank[head.job_id]
-    holders: dict[str, list[tuple[Job, Placement]]] = {}  # node -> (job, the GPUs it holds or gets)
-    for j in order:
+    mine = next(i for i, j in enumerate(order) if j is head)
+    memo = memo if memo is not None else Memo()
+    placed = targets.placements
+    # node -> (job, the GPUs it holds or gets, how many on the node, its rank, ahead / pinned / movable)
+    holders: dict[str, list[_Holder]] = {}
+    for i, j in enumerate(order):
         p = j.placement if j.state is JobState.RUNNING else None
-        if rank[j.job_id] < mine and j.job_id in targets.placements:
-            p = targets.placements[j.job_id]  # where this round puts a job ahead of the head
-        if p is not None:
-            for name in p.nodes:
-                holders.setdefault(name, []).append((j, p))
+        if i < mine and j.job_id in placed:
+            p = placed[j.job_id]  # where this round puts a job ahead of the head
+        if p is None:
+            continue
+        if i < mine:
+            kind = _AHEAD
+        elif young(j, now, min_slice, grid, window) or finishing(j, grace):
+            kind = _PINNED
+        else:
+            kind = _MOVABLE
+        for name, n in memo.of(p, _per_node):
+            holders.setdefault(name, []).append((j, p, n, i, kind))
+
     def option(node: Node, need: int) -> tuple[tuple[int, int, int, str], list[GpuRef], list[str], bool] | None:
         """(score, GPUs kept, jobs that yield, startable) for keeping `need` GPUs of `node`; None: no room."""
         on_node = holders.get(node.name, [])
         permanent = pinned = 0
-        movable: list[tuple[Job, Placement]] = []
-        for j, p in on_node:
-            n = len(p.on_node(node.name))
-            if rank[j.job_id] < mine:
+        movable: list[tuple[int, Job]] = []
+        for j, _, n, i, kind in on_node:
+            if kind == _AHEAD:
                 permanent += n
-            elif young(j, now, min_slice, grid, window) or finishing(j, grace):
+            elif kind == _PINNED:
                 pinned += n
             else:
-                movable.append((j, p))
-        if len(node.gpus) - permanent < need:
+                movable.append((i, j))
+        size = len(node.gpus)
+        if size - permanent < need:
             return None
-        startable = len(node.gpus) - permanent - pinned >= need
+        startable = size - permanent - pinned >= need
         yields: list[str] = []
         free = _free_on(node, on_node, yields)
         if startable:
-            movable.sort(key=lambda m: -rank[m[0].job_id])  # the lowest priority stops first
-            for j, _ in movable:
+            movable.sort(key=lambda m: -m[0])  # the lowest priority stops first
+            for _, j in movable:
                 if len(free) >= need:
                     break
                 yields.append(j.job_id)
@@ -253,7 +271,7 @@ def _reservation(
             if len(free) < need:  # shared GPUs: a sharer still holds one
                 return None
         if strict_ties and tied:
-            staying = {g for j, p in on_node if j.job_id not in yields and p == j.placement for g in p.gpus}
+            staying = {g for j, p, _, _, _ in on_node if j.job_id not in yields and p == j.placement for g in p.gpus}
             if any(g.index in tied for g in staying if g.node == node.name):
                 return None
         return (0 if startable else 1, pinned, len(yields), node.name), list(free), yields, startable
@@ -325,9 +343,19 @@ def _hand_on(
             freed -= j.spec.min_gpus
 
 
-def _free_on(node: Node, holders: Sequence[tuple[Job, Placement]], stopping: Sequence[str]) -> list[GpuRef]:
+def _per_node(p: Placement) -> tuple[tuple[str, int], ...]:
+    """(node, how many of `p`'s GPUs are on it) for each of `p`'s nodes."""
+    counts: dict[str, int] = {}
+    for g in p.gpus:
+        counts[g.node] = counts.get(g.node, 0) + 1
+    return tuple(counts.items())
+
+
+def _free_on(node: Node, holders: Sequence[_Holder], stopping: Sequence[str]) -> list[GpuRef]:
     """`node`'s GPUs that no job in `holders` holds once the jobs in `stopping` have stopped."""
-    busy = {g for j, p in holders if j.job_id not in stopping for g in p.gpus}
+    if not holders:
+        return list(node.gpu_refs)
+    busy = {g for j, p, _, _, _ in holders if j.job_id not in stopping for g in p.gpus}
     return [g.ref for g in node.gpus if g.ref not in busy]
 
 
@@ -434,18 +462,21 @@ def _migrate(
     topo = view.topology
     limits = pool.memo.per_topology(topo, _locality_limits)
     cands = []
+    changed = targets.placements
     for j in jobs:
-        if j.state is not JobState.RUNNING or not _unchanged(j, targets):
+        p = j.placement
+        if j.state is not JobState.RUNNING or p is None or j.job_id in changed:  # not `_unchanged`
             continue  # (the state first: most of 10,000 jobs wait)
-        if j.gpus < 2 or j.trial is not None or j.placement is None:
+        k = len(p.gpus)
+        if k < 2 or j.trial is not None or p.shared or TrialKind.MIGRATE in j.failed_trials:
             continue
-        if j.placement.shared or TrialKind.MIGRATE in j.failed_trials or slice_age(j, now) < min_slice:
+        best = next((lvl for lvl, most in limits if k <= most), Locality.CROSS_NODE)
+        if best is Locality.CROSS_NODE or slice_age(j, now) < min_slice:
+            continue  # (no locality is better than across nodes: the cheap test first)
+        loc = topo.locality(p.gpus)
+        if loc <= best or finishing(j, grace):
             continue
-        if finishing(j, grace):
-            continue
-        loc = topo.locality(j.placement.gpus)
-        best = next((lvl for lvl, most in limits if j.gpus <= most), Locality.CROSS_NODE)
-        if loc > best and pool.factor(j, j.gpus, best) >= (1.0 + knobs.locality_gain) * pool.factor(j, j.gpus, loc):
+        if pool.factor(j, k, best) >= (1.0 + knobs.locality_gain) * pool.factor(j, k, loc):
             cands.append((-int(loc), j.job_id, j, loc))
     cands.sort(key=lambda c: (c[0], c[1]))
     moves = 0

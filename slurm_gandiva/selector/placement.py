@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from slurm_gandiva.model import (
     ClusterView,
-    GpuInfo,
     GpuRef,
     Job,
     JobState,
@@ -29,7 +29,16 @@ from slurm_gandiva.model import (
 )
 from slurm_gandiva.plan import Plan
 from slurm_gandiva.selector.common import Memo
-from slurm_gandiva.selector.pool_state import BOOKED_LIMIT, EMPTY, Booked, booked_cache, pool_template
+from slurm_gandiva.selector.pool_state import (
+    BOOKED_LIMIT,
+    EMPTY,
+    MIXED,
+    Booked,
+    NodeState,
+    booked_cache,
+    gpu_set,
+    pool_template,
+)
 
 # Relative speed at each locality when the job's own rates say nothing about it (the default locality
 # penalty). It also stands for a better locality that was never measured: a job measured only across
@@ -47,7 +56,8 @@ TIER_COST = 0.02
 _SCAN_LIMIT = 8
 
 _EMPTY = EMPTY  # affinity key of a node with no jobs
-_MIXED = -1  # affinity key of a node whose jobs have different GPU counts
+_MIXED = MIXED  # affinity key of a node whose jobs have different GPU counts
+_NodeState = NodeState
 
 
 def locality_factor(job: Job, gpus: int, locality: Locality) -> float:
@@ -75,22 +85,6 @@ def locality_factor(job: Job, gpus: int, locality: Locality) -> float:
             best = max(est.values())
             return min(1.0, est[locality] / best)
     return LOCALITY_PRIOR[locality]
-
-
-class _NodeState:
-    __slots__ = ("free", "sizes")
-
-    def __init__(self, free: dict[GpuRef, GpuInfo], sizes: dict[int, int] | None = None) -> None:
-        self.free = free
-        self.sizes: dict[int, int] = sizes if sizes is not None else {}  # GPU count of a job here -> how many
-
-    @property
-    def key(self) -> int:
-        if not self.sizes:
-            return _EMPTY
-        if len(self.sizes) == 1:
-            return next(iter(self.sizes))
-        return _MIXED
 
 
 Need = tuple[int, int]  # CPUs and memory (MB) a job takes on each of its nodes
@@ -138,7 +132,8 @@ class GpuPool:
         self._factors: dict[tuple[int, int, Locality], float] = {}
         self._node_refs: dict[str, tuple[GpuRef, ...]] = {}
         template = self.memo.per_topology(topology, pool_template)
-        self._nodes: dict[str, _NodeState] = {name: _NodeState(dict(free)) for name, free in template.free}
+        self._nodes: dict[str, _NodeState] = dict(template.states)
+        self._mine: set[str] = set()  # nodes whose state this pool copied (`_own`); the others are shared
         self._shard_cap = template.shard_cap  # read only
         # Nodes by (affinity key, free GPUs), each bucket in the order nodes were (re)indexed, which
         # placement's tie-breaks follow; `_keys`: affinity key -> how many nodes have it.
@@ -242,7 +237,7 @@ class GpuPool:
         self._pristine = False
         self._failed.clear()
         for g in placement.gpus:
-            st = self._nodes[g.node]
+            st = self._own(g.node)
             if placement.shared:
                 self._shards[g] = self._shards.get(g, 0) + 1
                 if st.free.pop(g, None) is not None:
@@ -253,8 +248,16 @@ class GpuPool:
                 self._whole.add(g)
         size = placement.count
         for name in dict.fromkeys(g.node for g in placement.gpus):
-            sizes = self._nodes[name].sizes
+            sizes = self._own(name).sizes
             sizes[size] = sizes.get(size, 0) + 1
+
+    def _own(self, name: str) -> _NodeState:
+        """Node `name`'s state, copied first if it is still shared (with the template or a cached booking)."""
+        st = self._nodes[name]
+        if name not in self._mine:
+            st = self._nodes[name] = _NodeState(dict(st.free), dict(st.sizes))
+            self._mine.add(name)
+        return st
 
     def book_many(self, placements: Sequence[Placement], jobs: Sequence[Job] | None = None) -> list[bool]:
         """`book` each placement in turn for the job at its place in `jobs`, rebuilding the node index once at
@@ -306,22 +309,24 @@ class GpuPool:
         """`can_book` and `_take` for a whole-GPU placement in one pass; False, and nothing taken, if a GPU
         is not free."""
         nodes = self._nodes
-        states: list[_NodeState] = []
         for g in gpus:
             st = nodes.get(g.node)
             if st is None or g not in st.free:
                 return False
-            states.append(st)
         self._pristine = False
         self._failed.clear()
-        whole = self._whole
-        for g, st in zip(gpus, states, strict=True):
-            del st.free[g]
+        whole, mine = self._whole, self._mine
+        names = dict.fromkeys(g.node for g in gpus)
+        for name in names:
+            if name not in mine:
+                self._own(name)
+        for g in gpus:
+            del nodes[g.node].free[g]
             whole.add(g)
         self._free_total -= len(gpus)
         size = len(gpus)
-        for st in dict.fromkeys(states):
-            sizes = st.sizes
+        for name in names:
+            sizes = nodes[name].sizes
             sizes[size] = sizes.get(size, 0) + 1
         return True
 
@@ -329,7 +334,7 @@ class GpuPool:
         return Booked(
             placements=tuple(placements),
             out=tuple(out),
-            nodes=tuple((name, dict(st.free), dict(st.sizes)) for name, st in self._nodes.items()),
+            nodes=self._share(),
             whole=frozenset(self._whole),
             shards=dict(self._shards),
             index={k: dict(v) for k, v in self._index.items()},
@@ -337,10 +342,16 @@ class GpuPool:
             free_total=self._free_total,
         )
 
+    def _share(self) -> tuple[tuple[str, _NodeState], ...]:
+        """The node states, from now on shared (this pool copies a node's again before changing it)."""
+        self._mine = set()
+        return tuple(self._nodes.items())
+
     def _restore(self, booked: Booked) -> None:
         """This fresh pool's state becomes `booked`'s (a copy: the cached one is never changed)."""
         self._pristine = False
-        self._nodes = {name: _NodeState(dict(free), dict(sizes)) for name, free, sizes in booked.nodes}
+        self._nodes = dict(booked.nodes)
+        self._mine = set()
         self._whole = set(booked.whole)
         self._shards = dict(booked.shards)
         self._index = {k: dict(v) for k, v in booked.index.items()}
@@ -351,9 +362,13 @@ class GpuPool:
         """Mark a booked placement as a running job's that stays: only such GPUs tie a requeued job
         (`Job.requeue_indices`); one starting in the same plan waits for the requeued job's resume
         (the actor's waves), so it does not."""
+        self.settle_gpus(placement.gpus)
+
+    def settle_gpus(self, gpus: Iterable[GpuRef]) -> None:
+        """`settle` for booked GPUs of one or more placements."""
         self._pristine = False
         self._failed.clear()
-        self._settled.update(placement.gpus)
+        self._settled.update(gpus)
 
     def release(self, placement: Placement, job: Job | None = None) -> None:
         """Undo `book(placement, job)` (and `settle`)."""
@@ -366,7 +381,7 @@ class GpuPool:
         for name in touched:
             self._drop_index(name, self._nodes[name])
         for g in placement.gpus:
-            st = self._nodes[g.node]
+            st = self._own(g.node)
             if placement.shared:
                 left = self._shards[g] - 1
                 if left:
@@ -380,7 +395,7 @@ class GpuPool:
                 st.free[g] = self.topology.gpu(g)
                 self._free_total += 1
         for name in touched:
-            st = self._nodes[name]
+            st = self._own(name)
             st.sizes[size] -= 1
             if not st.sizes[size]:
                 del st.sizes[size]
@@ -525,11 +540,15 @@ class GpuPool:
         need = gpus
         used: set[str] = set()
         by_free: dict[int, list[str]] = {}
+        every = not tied and (takes == _NO_NEED or not self._room)  # every node with free GPUs is a host
         for (_, f), bucket in self._index.items():
             if f:
                 by_free.setdefault(f, []).extend(
-                    n for n in bucket if (not tied or self._clear_for(n, tied)) and self.fits(n, takes)
+                    bucket if every else
+                    (n for n in bucket if (not tied or self._clear_for(n, tied)) and self.fits(n, takes))
                 )
+        if sum(f * len(names) for f, names in by_free.items()) < gpus:
+            return None  # (what the loop below finds too, after taking every host)
         for f in by_free:
             by_free[f].sort()
         sizes = sorted(by_free)
@@ -690,46 +709,51 @@ def realize(
                            even_spans=view.same_gpus_per_node)
     out = Targets()
     kept: dict[str, Placement] = {}
-    pending: list[Job] = []
+    pending: list[tuple[int, Job]] = []  # (place in `jobs`, job): placed in that order
     fixed = fixed or {}
     out.reverts.update(reverts)
-    deferred: list[Job] = []
+    deferred: list[tuple[int, Job]] = []
+    exists = pool.memo.per_topology(topo, gpu_set)
+    running = JobState.RUNNING
     # Book what stays first, so that nobody is placed on GPUs a staying job holds.
-    stay: list[tuple[Job, Placement, int]] = []
-    for job in jobs:
+    stay: list[tuple[int, Job, Placement, int]] = []
+    for i, job in enumerate(jobs):
         want = counts.get(job.job_id, 0)
         if want > 0 and job.job_id in fixed:
-            deferred.append(job)
-        elif job.state is JobState.RUNNING and job.placement is not None:
+            deferred.append((i, job))
+        elif job.state is running and job.placement is not None:
             cur = job.placement
             if want <= 0:
                 out.set(job.job_id, None, reason or "preempted")
-            elif want >= cur.count or not all(topo.has_gpu(g) for g in cur.gpus):
-                stay.append((job, cur, want))
+            elif want >= len(cur.gpus) or not exists.issuperset(cur.gpus):
+                stay.append((i, job, cur, want))
             else:
                 part: Placement | None = shrink(topo, cur, want)
                 if pool.even_spans and part is not None and not is_even(part):
                     part = even_shrink(topo, cur, want) if is_even(cur) else None
                 if part is None:
-                    pending.append(job)  # placed anew: moved to where its count fits evenly
+                    pending.append((i, job))  # placed anew: moved to where its count fits evenly
                 else:
-                    stay.append((job, part, want))
+                    stay.append((i, job, part, want))
         elif want > 0:
-            pending.append(job)
-    booked = pool.book_many([t for _, t, _ in stay], [j for j, _, _ in stay])
-    for (job, target, want), ok in zip(stay, booked, strict=True):
+            pending.append((i, job))
+    booked = pool.book_many([t for _, _, t, _ in stay], [j for _, j, _, _ in stay])
+    settled: list[GpuRef] = []
+    for (i, job, target, want), ok in zip(stay, booked, strict=True):
         had = job.placement
         assert had is not None
         if not ok:
-            pending.append(job)
+            pending.append((i, job))
             continue
-        pool.settle(target)
+        settled += target.gpus
         kept[job.job_id] = target
-        if target != had:
+        if target is not had and target != had:
             out.set(job.job_id, target, reason or "shrink")
-        if want > had.count:
-            pending.append(job)
-    for job in deferred:
+        if want > len(had.gpus):
+            pending.append((i, job))
+    if settled:
+        pool.settle_gpus(settled)
+    for i, job in deferred:
         target = fixed[job.job_id]
         if pool.book(target, job):
             kept[job.job_id] = target
@@ -738,10 +762,9 @@ def realize(
             pool.settle(job.placement)  # type: ignore[arg-type]
             kept[job.job_id] = job.placement  # type: ignore[assignment]
         else:
-            pending.append(job)
-    rank = {j.job_id: i for i, j in enumerate(jobs)}
-    pending.sort(key=lambda j: rank[j.job_id])
-    for job in pending:
+            pending.append((i, job))
+    pending.sort(key=itemgetter(0))
+    for _, job in pending:
         want = counts[job.job_id]
         old = kept.pop(job.job_id, None)
         if old is not None:

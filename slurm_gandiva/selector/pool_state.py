@@ -1,6 +1,6 @@
 """The states a `placement.GpuPool` starts from, kept per topology in a policy's `Memo`: a fresh pool's
 (`PoolTemplate`) and a fresh pool's after booking the running jobs that stay (`Booked`), which rounds
-book again and again. Both are copied, never changed."""
+book again and again. Pools share both (`NodeState` is copy-on-write); neither is changed."""
 
 from __future__ import annotations
 
@@ -9,13 +9,33 @@ from dataclasses import dataclass
 from slurm_gandiva.model import GpuInfo, GpuRef, Placement, Topology
 
 EMPTY = 0  # affinity key of a node with no jobs
+MIXED = -1  # affinity key of a node whose jobs have different GPU counts
+
+
+class NodeState:
+    """One node's free GPUs and the GPU counts of the jobs on it. Shared by the pools made from one template
+    or cached booking, copy-on-write: a pool copies a node's state before it first changes it."""
+
+    __slots__ = ("free", "sizes")
+
+    def __init__(self, free: dict[GpuRef, GpuInfo], sizes: dict[int, int] | None = None) -> None:
+        self.free = free
+        self.sizes: dict[int, int] = sizes if sizes is not None else {}  # GPU count of a job here -> how many
+
+    @property
+    def key(self) -> int:
+        if not self.sizes:
+            return EMPTY
+        if len(self.sizes) == 1:
+            return next(iter(self.sizes))
+        return MIXED
 
 
 @dataclass(frozen=True)
 class PoolTemplate:
-    """A fresh pool's state for one topology, built once and copied by each `GpuPool` (one a round or more)."""
+    """A fresh pool's state for one topology, built once and shared by each `GpuPool` (one a round or more)."""
 
-    free: tuple[tuple[str, dict[GpuRef, GpuInfo]], ...]  # up nodes in topology order: name, all GPUs free
+    states: tuple[tuple[str, NodeState], ...]  # up nodes in topology order: name, all GPUs free (never changed)
     shard_cap: dict[str, int]
     index: dict[tuple[int, int], dict[str, None]]  # the node index with no job booked (`placement.GpuPool._add_index`)
     keys: dict[int, int]
@@ -29,7 +49,7 @@ def pool_template(topology: Topology) -> PoolTemplate:
     for name, gpus in free:
         index.setdefault((EMPTY, len(gpus)), {})[name] = None
     return PoolTemplate(
-        free=free,
+        states=tuple((name, NodeState(gpus)) for name, gpus in free),
         shard_cap={n.name: n.shards for n in topology.nodes if n.up},
         index=index,
         keys={EMPTY: len(free)} if free else {},
@@ -38,13 +58,18 @@ def pool_template(topology: Topology) -> PoolTemplate:
     )
 
 
+def gpu_set(topology: Topology) -> frozenset[GpuRef]:
+    """Every GPU of the topology, up or down (`Topology.has_gpu` for many at once)."""
+    return frozenset(g.ref for n in topology.nodes for g in n.gpus)
+
+
 @dataclass(frozen=True)
 class Booked:
     """A fresh pool's state after `book_many(placements)`: rounds book the same running jobs again and again."""
 
     placements: tuple[Placement, ...]
     out: tuple[bool, ...]
-    nodes: tuple[tuple[str, dict[GpuRef, GpuInfo], dict[int, int]], ...]  # name, free GPUs, job sizes
+    nodes: tuple[tuple[str, NodeState], ...]  # shared with the pools that restore it (never changed)
     whole: frozenset[GpuRef]
     shards: dict[GpuRef, int]
     index: dict[tuple[int, int], dict[str, None]]
