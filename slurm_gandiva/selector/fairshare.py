@@ -438,9 +438,10 @@ def only_gpus(topology: Topology, gpus: set[GpuRef]) -> Topology:
 
 
 def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held: Mapping[Tenant, int]) -> Plan:
-    """`plan` without the starts and resumes that would leave a tenant past its cap (the most-served of
-    its takes go first), nor the suspends whose GPUs no kept decision then uses; repeated until it holds
-    (a dropped take can leave a suspend unused, and a kept suspend is what made room for a take)."""
+    """`plan` without the starts and resumes that would leave a tenant past its cap, or past what it holds
+    (`held`) when that is more (the most-served of its takes go first), nor the suspends whose GPUs no kept
+    decision then uses; repeated until it holds (a dropped take can leave a suspend unused, and a kept
+    suspend is what made room for a take)."""
     decisions = list(plan.decisions)
     pruning = False  # suspends are pruned only once a take was dropped: the inner plan stands otherwise
     holding: dict[Tenant, Counter[GpuRef]] = {}  # tenant -> GPU -> its jobs on it (a packed GPU counts once)
@@ -475,7 +476,9 @@ def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held
         for t in takes:
             had = holding.get(t, Counter())
             count[t] += sum((had[g] + n > 0) - (had[g] > 0) for g, n in change[t].items())
-        over = sorted(t for t in takes if count[t] > caps.get(t, 0))
+        # A tenant above its cap may not grow, but may swap within what it holds (a suspend and a start of
+        # its own: its short jobs need not wait for its long ones to end while others reclaim its surplus).
+        over = sorted(t for t in takes if count[t] > max(caps.get(t, 0), held.get(t, 0)))
         if not over:
             return plan if len(kept) == len(plan.decisions) else Plan(tuple(kept))
         t = over[0]

@@ -69,6 +69,18 @@ def test_keep_to_caps_drops_the_take_and_the_suspend_that_made_room() -> None:
     assert keep_to_caps(within, view, caps, {("", "alice"): 1, ("", "bob"): 1}) == within  # alice rotates in hers
 
 
+def test_a_tenant_above_its_cap_swaps_within_what_it_holds_but_does_not_grow() -> None:
+    """Alice holds 3 GPUs for a cap of 1 (borrowed while bob was away): her short waiting job may take the
+    GPU of one of her own long ones (as on her share alone), not a GPU more."""
+    jobs = (*(job(f"a{i}", "alice", at=G[i], served=100.0 * (i + 1)) for i in range(3)), job("a9", "alice"))
+    view = ClusterView(TOPO, jobs)
+    caps, held = {("", "alice"): 1}, {("", "alice"): 3}
+    swap = Plan((Decision(Action.SUSPEND, "a2"), Decision(Action.START, "a9", Placement((G[2],)))))
+    assert keep_to_caps(swap, view, caps, held) == swap
+    grow = Plan((Decision(Action.START, "a9", Placement((G[5],))),))
+    assert keep_to_caps(grow, view, caps, held) == Plan()
+
+
 def test_bad_shares_and_half_life_are_refused() -> None:
     with pytest.raises(ValueError, match="share of account 'bio'"):
         FairShare(make_policy("fifo"), {"bio": 0})
