@@ -155,32 +155,22 @@ def final_hash(env: Env, jid: str) -> str | None:
     return found[-1] if found else None
 
 
-_REFERENCE: dict[int, str | subprocess.Popen[str]] = {}
+_REFERENCE: dict[tuple[int, ...], str] = {}
 
 
-def start_reference(tmp_path: Path, steps: int) -> None:
-    """Start the uninterrupted run of `steps` steps in the background (wrapper outside Slurm, one process):
-    it runs while the test's jobs do; reference_hash collects it."""
-    if steps in _REFERENCE:
-        return
+def reference_hash(tmp_path: Path, steps: int) -> str:
+    """final_params_sha256 of an uninterrupted run (wrapper outside Slurm, one process)."""
+    if (steps,) in _REFERENCE:
+        return _REFERENCE[(steps,)]
     d = tmp_path / f"ref-{steps}"
     d.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_"))}
     argv = [WRAPPER, "--state-dir", str(d), "--nprocs", "1", "--", sys.executable, TRAIN,
             "--epochs", "1000", "--steps", str(steps), "--sleep-per-step", "0"]
-    _REFERENCE[steps] = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def reference_hash(tmp_path: Path, steps: int) -> str:
-    """final_params_sha256 of an uninterrupted run of `steps` steps (started here unless start_reference did)."""
-    start_reference(tmp_path, steps)
-    ref = _REFERENCE[steps]
-    if isinstance(ref, str):
-        return ref
-    out, _ = ref.communicate(timeout=180)
-    m: list[str] = HASH_RE.findall(out)
-    assert m, out
-    _REFERENCE[steps] = m[-1]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    m: list[str] = HASH_RE.findall(p.stdout + p.stderr)
+    assert m, p.stdout + p.stderr
+    _REFERENCE[(steps,)] = m[-1]
     return m[-1]
 
 
@@ -309,8 +299,66 @@ def env_factory(slurm_cluster: DevCluster, slurm: SlurmBackend, tmp_path: Path) 
 # -- acceptance ---------------------------------------------------------------------------------------------
 
 
+def test_oversubscribed_time_slicing(
+    env_factory: EnvFactory, test_user: str, tmp_path: Path, slurm: SlurmBackend
+) -> None:
+    """2x oversubscribed: 4 one-GPU jobs on 2 GPUs; the two that wait get their first slice within one
+    contested slice of the first two (Gandiva's defaults: at most 2.25 quanta of their service); all
+    finish with the same parameters as an uninterrupted run; no GPU is ever double-booked; squeue shows
+    them."""
+    # Gandiva's defaults: a running job keeps its GPUs until its service is `hysteresis` (one quantum) plus
+    # one `service_step` (a quarter quantum) ahead of a waiting job's, then until the next aligned rotation
+    # (one quantum later at most): at most 27 s of service (start-up included) here, 15 s at least. 36 s of
+    # training each leaves a job at least 9 s, more than the 5 s finish grace, at that rotation whatever
+    # the rotation grid's phase, so the first two are really time-sliced (with too little, a start just after
+    # a rotation let them run to their end: CI on 25.11 and 26.05).
+    quantum, steps = 12.0, 90
+    contested = quantum + quantum / 4 + quantum
+    env = env_factory({"n1": (0, 1)}, quantum=quantum)
+    ref = reference_hash(tmp_path, steps)
+    with GpuWatch(slurm, env.jobs) as watch:
+        env.start()
+        for _ in range(4):
+            submit(env, test_user, steps=steps, sleep=0.4)
+        wait_for(lambda: any(s == "RUNNING" for s in states(env).values()), 90, "a first job to run")
+        sq = subprocess.run([GANDIVA, "squeue", "--config", str(env.conf)], capture_output=True, text=True,
+                            env={**os.environ, **env.cluster.env}, timeout=60)
+        assert sq.returncode == 0, sq.stderr
+        assert all(j in sq.stdout for j in env.jobs) and "running" in sq.stdout
+        wait_for(lambda: all_finished(env), 300, "all jobs to finish")
+        wait_for(lambda: store_settled(env), 30, "the controller to record every job as finished")
+        assert env.stop() == 0, env.log_text()[-3000:]
+    assert watch.samples > 10 and watch.conflicts == []
+    assert set(states(env).values()) == {"COMPLETED"}
+    store = env.store()
+    try:
+        check_history(store, env.jobs)
+        # The wait also counts scheduling time: the first round's own wait from submission (each of the
+        # two holds its GPUs at most `contested` seconds from its own start), one suspend
+        # (a checkpoint at a mini-batch boundary) and one start, as measured here, and a tick for each.
+        ops = store.decisions()
+
+        def slowest(action: str) -> float:
+            return max((d.outcome_at - d.intent_at for d in ops if d.action.value == action and d.outcome_at),
+                       default=0.0)
+
+        firsts = {jid: store.slices(job_ids=[jid])[0].start - store.get_job(jid).spec.submit_time
+                  for jid in env.jobs}
+        first_round = sorted(firsts.values())[1]  # the later of the two jobs that started at once
+        bound = first_round + contested + slowest("suspend") + slowest("start") + 2 * 1.0 + 1.0  # whole-s submit
+        for jid in env.jobs:
+            waited = firsts[jid]
+            assert waited <= bound, f"job {jid} waited {waited:.1f} s for its first slice (bound {bound:.1f} s)"
+            assert final_hash(env, jid) == ref, f"job {jid}: parameters differ from the uninterrupted run"
+        sliced = [j for j in env.jobs if len(store.slices(job_ids=[j])) > 1]
+        assert len(sliced) >= 2, f"only jobs {sliced} were ever suspended: the first round was not time-sliced"
+        assert any(s.end_reason is SliceEnd.QUANTUM for s in store.slices())
+    finally:
+        store.close()
+
+
 CRASH_POINTS = (
-    "start:intent",  # first: only the fifth job, which joins after the first round, has never started
+    "start:intent",  # first: only the first round has never-started jobs
     "suspend:intent",
     "suspend:signal",
     "suspend:wait-requeue",
@@ -323,73 +371,22 @@ CRASH_POINTS = (
 )
 
 
-def set_quantum(env: Env, quantum: float) -> None:
-    """Set the quantum in `env`'s config (read by the next controller started)."""
-    env.conf.write_text(re.sub(r"(?m)^quantum = .*$", f"quantum = {quantum:g}", env.conf.read_text()))
-
-
-def unfinished(env: Env) -> int:
-    return sum(s not in ("COMPLETED", "FAILED", "CANCELLED") for s in states(env).values())
-
-
-def test_oversubscribed_time_slicing_then_kill_9_at_each_protocol_step(
+def test_kill_9_at_each_protocol_step(
     env_factory: EnvFactory, test_user: str, tmp_path: Path, slurm: SlurmBackend
 ) -> None:
-    """One workload for two mechanisms (CI's time). 2x oversubscribed: 4 one-GPU jobs on 2 GPUs; the two
-    that wait get their first slice within one contested slice of the first two (Gandiva's defaults: at
-    most 2.25 quanta of their service), which are suspended at their quantum; squeue shows them. Then a
-    fifth job joins and the controller dies (os._exit(137), like kill -9) at each step of suspend and of
-    resume; after each restart nothing is lost, stuck or double-booked. All finish with the same parameters
-    as an uninterrupted run, no GPU is ever double-booked, and the slice history ends complete."""
-    # Gandiva's defaults: a running job keeps its GPUs until its service is `hysteresis` (one quantum) plus
-    # one `service_step` (a quarter quantum) ahead of a waiting job's, then until the next aligned rotation
-    # (one quantum later at most): at most 27 s of service (start-up included) here, 15 s at least. 44 s of
-    # training each leaves a job at least 17 s, more than the 5 s finish grace, at that rotation whatever
-    # the rotation grid's phase, so the first two are really time-sliced (with too little, a start just after
-    # a rotation let them run to their end: CI on 25.11 and 26.05); and the crash points find the 5 jobs
-    # with about as much training ahead as 5 fresh 36 s jobs (with less, rotations may stop before the last).
-    quantum, steps = 12.0, 110
-    contested = quantum + quantum / 4 + quantum
-    env = env_factory({"n1": (0, 1)}, quantum=quantum)
-    start_reference(tmp_path, steps)
+    """The controller dies (os._exit(137), like kill -9) at each step of suspend and of resume; after each
+    restart nothing is lost, stuck or double-booked, and the slice history ends complete."""
+    steps = 90
+    env = env_factory({"n1": (0, 1)}, quantum=4)
+    ref = reference_hash(tmp_path, steps)
+    # 2.5x oversubscribed, so that rotations go on through every crash point (with 4 jobs, at load 13 two of
+    # them finished before the fifth point and nothing rotated any more).
+    for _ in range(5):
+        submit(env, test_user, steps=steps, sleep=0.4)
     crashed: list[str] = []
     with GpuWatch(slurm, env.jobs) as watch:
-        env.start()
-        for _ in range(4):
-            submit(env, test_user, steps=steps, sleep=0.4)
-        wait_for(lambda: any(s == "RUNNING" for s in states(env).values()), 90, "a first job to run")
-        sq = subprocess.run([GANDIVA, "squeue", "--config", str(env.conf)], capture_output=True, text=True,
-                            env={**os.environ, **env.cluster.env}, timeout=60)
-        assert sq.returncode == 0, sq.stderr
-        assert all(j in sq.stdout for j in env.jobs) and "running" in sq.stdout
-        with contextlib.closing(env.store()) as store:
-            wait_for(lambda: all(store.slices(job_ids=[j]) for j in env.jobs), 150, "every job's first slice")
-            assert env.stop() == 0, env.log_text()[-3000:]  # stops mid-workload: the next controllers go on
-            # The wait also counts scheduling time: the first round's own wait from submission (each of the
-            # two holds its GPUs at most `contested` seconds from its own start), one suspend
-            # (a checkpoint at a mini-batch boundary) and one start, as measured here, and a tick for each.
-            ops = store.decisions()
-
-            def slowest(action: str) -> float:
-                return max((d.outcome_at - d.intent_at for d in ops if d.action.value == action and d.outcome_at),
-                           default=0.0)
-
-            firsts = {jid: store.slices(job_ids=[jid])[0].start - store.get_job(jid).spec.submit_time
-                      for jid in env.jobs}
-            first_round = sorted(firsts.values())[1]  # the later of the two jobs that started at once
-            bound = first_round + contested + slowest("suspend") + slowest("start") + 2 * 1.0 + 1.0  # whole-s submit
-            for jid in env.jobs:
-                waited = firsts[jid]
-                assert waited <= bound, f"job {jid} waited {waited:.1f} s for its first slice (bound {bound:.1f} s)"
-            sliced = [j for j in env.jobs if store.slices(job_ids=[j])[0].end_reason is SliceEnd.QUANTUM]
-            assert len(sliced) >= 2, f"only jobs {sliced} were suspended at their quantum: not time-sliced"
-
-        # 2.5x oversubscribed, so that rotations go on through every crash point (with 4 jobs, at load 13 two of
-        # them finished before the fifth point and nothing rotated any more).
-        submit(env, test_user, steps=steps, sleep=0.4)
-        set_quantum(env, 4)
         for point in CRASH_POINTS:
-            if unfinished(env) < 3:
+            if sum(s not in ("COMPLETED", "FAILED", "CANCELLED") for s in states(env).values()) < 3:
                 break  # two jobs on two GPUs: nothing rotates any more
             proc = env.start(crash_at=point)
             try:
@@ -397,7 +394,7 @@ def test_oversubscribed_time_slicing_then_kill_9_at_each_protocol_step(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                if unfinished(env) < 3:
+                if sum(s not in ("COMPLETED", "FAILED", "CANCELLED") for s in states(env).values()) < 3:
                     break  # a job ended while it ran: nothing rotates any more
                 pytest.fail(f"the controller never reached {point}:\n{env.log_text()[-3000:]}")
             assert rc == 137, f"{point}: exit {rc}\n{env.log_text()[-3000:]}"
@@ -405,15 +402,14 @@ def test_oversubscribed_time_slicing_then_kill_9_at_each_protocol_step(
             held = [j for j in slurm.jobs() if j.job_id in env.jobs and j.pending and j.hold is HoldKind.NONE]
             assert len(held) <= 1, f"after {point}: jobs released outside the controller: {held}"
         # Long enough slices that jobs make progress between rotations (a restart costs a torch start-up).
-        set_quantum(env, 15)
+        env.conf.write_text(env.conf.read_text().replace("quantum = 4", "quantum = 15"))
         env.start()
         wait_for(lambda: all_finished(env), 300, "all jobs to finish after the crashes")
         wait_for(lambda: store_settled(env), 30, "the controller to record every job as finished")
-        assert env.stop() == 0, env.log_text()[-3000:]
+        assert env.stop() == 0
     assert len(crashed) >= len(CRASH_POINTS) - 2, f"only crashed at {crashed}"
-    assert watch.samples > 10 and watch.conflicts == []
+    assert watch.conflicts == []
     assert set(states(env).values()) == {"COMPLETED"}, states(env)
-    ref = reference_hash(tmp_path, steps)
     store = env.store()
     try:
         check_history(store, env.jobs)
@@ -554,9 +550,9 @@ def test_a_node_failure_requeues_the_job_and_it_finishes_on_the_other_node(
     the node down), where it finishes with the parameters of an uninterrupted run."""
     from slurm_gandiva.requeue.contract import JobFiles, read_progress
 
-    steps = 60  # 15 s of training: restarted from its start on the other node (the kill leaves no checkpoint)
+    steps = 120
     env = env_factory({"n1": (3,), "n2": (3,)}, quantum=300)
-    start_reference(tmp_path, steps)
+    ref = reference_hash(tmp_path, steps)
     env.start()
     jid = submit(env, test_user, steps=steps, sleep=0.25)
     progress = JobFiles(env.cluster.jobs_dir / jid).progress
@@ -579,7 +575,7 @@ def test_a_node_failure_requeues_the_job_and_it_finishes_on_the_other_node(
     wait_for(lambda: store_settled(env), 30, "the controller to record the job as finished")
     assert env.stop() == 0, env.log_text()[-3000:]
     assert states(env) == {jid: "COMPLETED"}
-    assert final_hash(env, jid) == reference_hash(tmp_path, steps)
+    assert final_hash(env, jid) == ref
     with contextlib.closing(env.store()) as store:
         check_history(store, [jid])
         sl = store.slices(job_ids=[jid])
@@ -602,11 +598,9 @@ def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(
     ends is unpacked onto the whole GPU. On 22.05 the controller never packs: the second job waits. Either
     way the results equal uninterrupted runs and no GPU is ever double-booked."""
     caps = slurm.capabilities()
-    # A is set up on its shard about when B starts beside it, so it has some 50 steps (15 s) left when B ends.
-    steps_a, steps_b = 100, 50
+    steps_a, steps_b = 150, 50
     env = env_factory({"n2": (1,)}, quantum=120, params="pack = yes\nmigrate = no\ngrow = no\nservice_ratio = 0")
-    start_reference(tmp_path, steps_a)
-    start_reference(tmp_path, steps_b)
+    refs = {steps_a: reference_hash(tmp_path, steps_a), steps_b: reference_hash(tmp_path, steps_b)}
     with GpuWatch(slurm, env.jobs) as watch, contextlib.closing(env.store()) as store:
         env.start()
         a = submit(env, test_user, steps=steps_a, sleep=0.3)
@@ -630,7 +624,6 @@ def test_packs_two_jobs_on_one_gpu_and_unpacks_where_slurm_allows(
             assert not any(s.placement.shared for s in sa + sb), (sa, sb)
             assert sb[0].start >= sa[0].end - 1, (sa, sb)  # type: ignore[operator]  # waited: never beside it
         check_history(store, env.jobs)
-    assert final_hash(env, a) == reference_hash(tmp_path, steps_a)
-    assert final_hash(env, b) == reference_hash(tmp_path, steps_b)
+    assert final_hash(env, a) == refs[steps_a] and final_hash(env, b) == refs[steps_b]
     assert watch.samples > 20 and not watch.conflicts, watch.conflicts
     assert env.stop() == 0
