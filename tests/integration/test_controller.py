@@ -537,7 +537,13 @@ def test_idle_gpus_grow_an_elastic_job(env_factory: EnvFactory, test_user: str) 
                  "the elastic job to grow onto the idle GPU")
         sl = store.slices(job_ids=[elastic])
         assert sl[0].end_reason is SliceEnd.RESIZE, sl
-        [d] = [d for d in store.decisions(job_ids=[elastic]) if d.action.value == "resize"][:1]
+        # The outcome is recorded once the controller sees the grown job run (after its round: CI under
+        # load saw the grown slice first).
+        d = wait_for(
+            lambda: next((d for d in store.decisions(job_ids=[elastic])
+                          if d.action.value == "resize" and d.outcome is not None), None),
+            30, "the resize's outcome to be recorded",
+        )
         assert d.outcome is Outcome.SUCCEEDED
     assert env.stop() == 0
 

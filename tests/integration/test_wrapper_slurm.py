@@ -61,7 +61,12 @@ def test_signalled_job_checkpoints_and_goes_pending_held(
     assert status["nprocs"] == 2 and status["gpus"] == ["1", "3"] and status["child_exit_codes"] == [75, 75]
     state = ckpt.decode(files.checkpoint.read_bytes())
     assert state["step"] >= 3 and state["world_size"] == 2
-    kinds = [e["event"] for e in read_events(files.events)]
+    # Slurm shows the job held as soon as `scontrol requeuehold` takes; the wrapper logs it when the command
+    # returns, a moment later (CI under load read the log in between).
+    kinds: list[str] = wait_for(
+        lambda: k if "requeuehold_done" in (k := [e["event"] for e in read_events(files.events)]) else None,
+        timeout=30, interval=0.2, what="the wrapper to log its requeuehold",
+    )
     assert kinds.index("signal") < kinds.index("checkpoint") < kinds.index("exit") < kinds.index("requeuehold_done")
 
 
