@@ -155,22 +155,32 @@ def final_hash(env: Env, jid: str) -> str | None:
     return found[-1] if found else None
 
 
-_REFERENCE: dict[tuple[int, ...], str] = {}
+_REFERENCE: dict[int, str | subprocess.Popen[str]] = {}
 
 
-def reference_hash(tmp_path: Path, steps: int) -> str:
-    """final_params_sha256 of an uninterrupted run (wrapper outside Slurm, one process)."""
-    if (steps,) in _REFERENCE:
-        return _REFERENCE[(steps,)]
+def start_reference(tmp_path: Path, steps: int) -> None:
+    """Start the uninterrupted run of `steps` steps in the background (wrapper outside Slurm, one process):
+    it runs while the test's jobs do; reference_hash collects it."""
+    if steps in _REFERENCE:
+        return
     d = tmp_path / f"ref-{steps}"
     d.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_"))}
     argv = [WRAPPER, "--state-dir", str(d), "--nprocs", "1", "--", sys.executable, TRAIN,
             "--epochs", "1000", "--steps", str(steps), "--sleep-per-step", "0"]
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
-    m: list[str] = HASH_RE.findall(p.stdout + p.stderr)
-    assert m, p.stdout + p.stderr
-    _REFERENCE[(steps,)] = m[-1]
+    _REFERENCE[steps] = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def reference_hash(tmp_path: Path, steps: int) -> str:
+    """final_params_sha256 of an uninterrupted run of `steps` steps (started here unless start_reference did)."""
+    start_reference(tmp_path, steps)
+    ref = _REFERENCE[steps]
+    if isinstance(ref, str):
+        return ref
+    out, _ = ref.communicate(timeout=180)
+    m: list[str] = HASH_RE.findall(out)
+    assert m, out
+    _REFERENCE[steps] = m[-1]
     return m[-1]
 
 
