@@ -248,10 +248,12 @@ class ParkControl:
         held = to_host(objects)
         total = total_bytes(held.nbytes)
         self.parked = True
-        on_parked(total, seq)
+        # The event before the report: the controller freezes (SIGSTOP) the job once it reads "parked", and an
+        # event written after that would carry the time of the thaw, a park that seems to end turns later.
         if self.rank == 0:
             append_event(self.files.events, "parked", step=step, seq=seq, bytes=total, device_bytes=held.device_bytes,
                          seconds=round(time.monotonic() - t0, 6), **_device_reserved())
+        on_parked(total, seq)
 
         def woken() -> str | int | None:
             if suspend_requested():

@@ -120,6 +120,27 @@ def test_a_park_whose_device_state_does_not_fit_host_memory_is_declined(
     assert room is None or room > 0  # this machine's own reading: the cgroup's room, else MemAvailable
 
 
+def test_the_parked_event_is_written_before_the_controller_can_read_parked(tmp_path: Path) -> None:
+    """The controller freezes a job (SIGSTOP) as soon as its report says "parked": the "parked" event must be in
+    the job's log by then, or it is written at the thaw, with the time of a park that seems to end turns later
+    (two co-held jobs' logs then show them computing at once)."""
+    import torch
+
+    from job_wrapper import park as park_mod
+
+    files = JobFiles(tmp_path)
+    ctl = park_mod.ParkControl(files, 0)
+    logged_at_report: list[list[str]] = []
+
+    def on_parked(nbytes: int, seq: int) -> None:
+        logged_at_report.append([json.loads(ln)["event"] for ln in files.events.read_text().splitlines()])
+
+    ok = ctl.park(5, 7, [torch.nn.Linear(4, 4)], total_bytes=lambda mine: mine, on_parked=on_parked,
+                  on_unparked=lambda s: None, suspend_requested=lambda: True)
+    assert ok is False  # the suspend it was handed ends the park at once
+    assert logged_at_report == [["parked"]]
+
+
 # -- real processes ------------------------------------------------------------------------------------------
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the request must be root's (and chown needs root)")
