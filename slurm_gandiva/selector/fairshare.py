@@ -199,8 +199,9 @@ class FairShare:
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
-    def caps(self, view: ClusterView) -> dict[Tenant, int]:
-        """Each tenant with active jobs -> the GPUs it may hold this round.
+    def caps(self, view: ClusterView, held: Counter[Tenant] | None = None) -> dict[Tenant, int]:
+        """Each tenant with active jobs -> the GPUs it may hold this round (`held`: `gpus_held` of the view's
+        running jobs, when the caller has it).
 
         The GPUs left by rounding go in stride order, a tenant's decayed usage less one quantum of
         GPU-time per GPU it holds now: a tenant keeps a GPU it holds until it has used a quantum more
@@ -211,7 +212,8 @@ class FairShare:
         usage = self.state.usage
         credit = float(getattr(self.inner, "quantum", None) or 0.0)
         if credit > 0:
-            held = gpus_held(j for j in view.jobs if j.state is JobState.RUNNING)
+            if held is None:
+                held = gpus_held(view.running)
             usage = {t: usage.get(t, 0.0) - credit * held[t] for t in set(usage) | set(held)}
 
         def stride(key: tuple[float, float]) -> float:
@@ -237,7 +239,8 @@ class FairShare:
 
     def decide(self, view: ClusterView, now: float) -> Plan:
         self.state.update(view, self.half_life)
-        caps = self.caps(view)
+        held = gpus_held(view.running)
+        caps = self.caps(view, held)
         self.entitled = (view.now, caps)
         if len(caps) < 2:  # one tenant with active jobs (or none): nothing to share
             return self.inner.decide(view, now)
@@ -248,7 +251,6 @@ class FairShare:
         after_plan = plan.apply(view) if plan.decisions else view
         if not self._starves(after_plan, caps) and not packs_past_cap(plan, after_plan, caps):
             return plan
-        held = gpus_held(view.running)
         waiting = {tenant_of(j) for j in view.waiting}
         unmet = sum(max(0, caps[t] - held[t]) for t in waiting)
         released = self._release(view, caps, held, unmet - len(view.free_gpus()) if unmet else 0)
