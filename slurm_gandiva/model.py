@@ -455,7 +455,9 @@ class ClusterView:
     placements across nodes are then only such even spans (the simulator may place freely). `tenants`: the
     accounts' shares and GPU limits from Slurm's accounting (None: not read; the fair-share layer then
     uses its own configured shares). `co_hold`: co-held placements are allowed (`CoHold`); None, the live
-    controller's view until it can carry out a park, leaves every plan as it was.
+    controller's view until it can carry out a park, leaves every plan as it was. `tenant_caps`: tenant
+    (account, user) -> the GPUs the fair-share layer lets it hold this round; an elastic policy hands spare
+    GPUs to a tenant at its cap only when no tenant below its own can use them (empty: no tenants' caps).
     """
 
     topology: Topology
@@ -467,6 +469,7 @@ class ClusterView:
     same_gpus_per_node: bool = False
     tenants: Tenants | None = None
     co_hold: CoHold | None = None
+    tenant_caps: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     def group_cap(self, job: Job) -> int | None:
         """The most jobs of `job`'s group that may run at once (None: no cap)."""

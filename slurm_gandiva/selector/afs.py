@@ -17,6 +17,7 @@ import functools
 import heapq
 import math
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -83,6 +84,7 @@ def afs_counts(
     frozen: frozenset[str] = frozenset(),
     limit: Callable[[Job], int] | None = None,
     caps: Mapping[str, int] | None = None,
+    tenant_caps: Mapping[tuple[str, str], int] | None = None,
 ) -> dict[str, int]:
     """GPU counts by the AFS rule for `jobs` on `cap` GPUs.
 
@@ -92,7 +94,9 @@ def afs_counts(
     handed spare GPUs (their count stays put for now); `limit(job)` is the most GPUs a job can be
     placed on (default: its maximum; `common.gpu_limit` caps it by the nodes it may span). `caps`
     (`ClusterView.group_caps`): no more jobs of a group get GPUs than its cap, floors first, then in
-    priority order; the others of the group get none.
+    priority order; the others of the group get none. `tenant_caps` (`ClusterView.tenant_caps`): the spare
+    GPUs go by the rule to the jobs of tenants below their caps first, and to the others only when none of
+    those can use them (a tenant's count is what its jobs hold with floors and minimums).
     """
     top = limit if limit is not None else _max_gpus
     floors = floors or {}
@@ -129,16 +133,46 @@ def afs_counts(
     ]
     heap = [e for e in heap if e.g > _MIN_GAIN]
     heapq.heapify(heap)
+    if tenant_caps:
+        held: Counter[tuple[str, str]] = Counter()
+        for j in jobs:
+            if j.job_id in counts:
+                held[(j.spec.account, j.spec.user)] += counts[j.job_id]
+        free, heap = _hand_out(heap, free, counts, top, speeds, tenant_caps, held)
+        heapq.heapify(heap)  # the entries of tenants at their caps: the GPUs no other tenant could use
+    _hand_out(heap, free, counts, top, speeds, None, None)
+    return counts
+
+
+def _hand_out(
+    heap: list[_Entry],
+    free: int,
+    counts: dict[str, int],
+    top: Callable[[Job], int],
+    speeds: Speeds,
+    tenant_caps: Mapping[tuple[str, str], int] | None,
+    held: Counter[tuple[str, str]] | None,
+) -> tuple[int, list[_Entry]]:
+    """`free` spare GPUs one by one to the winner of the pairwise rule in `heap`, skipping (and returning)
+    the entries of tenants whose `held` reached their `tenant_caps`; -> (GPUs left, entries skipped)."""
+    skipped: list[_Entry] = []
     while free > 0 and heap:
         e = heapq.heappop(heap)
+        if tenant_caps is not None and held is not None:
+            t = (e.job.spec.account, e.job.spec.user)
+            cap = tenant_caps.get(t)
+            if cap is not None and held[t] >= cap:
+                skipped.append(e)
+                continue
+            held[t] += 1
         e.alloc += 1
         free -= 1
         counts[e.job.job_id] = e.alloc
         if e.alloc < top(e.job):
-            nxt = _Entry(e.job, e.alloc, speeds, pessimistic, e.rank)
+            nxt = _Entry(e.job, e.alloc, speeds, e.pessimistic, e.rank)
             if nxt.g > _MIN_GAIN:
                 heapq.heappush(heap, nxt)
-    return counts
+    return free, skipped
 
 
 def _min_gpus(j: Job) -> int:
@@ -188,6 +222,7 @@ def _afs_plan(
         floors=floors,
         limit=limit,
         caps=view.group_caps,
+        tenant_caps=view.tenant_caps,
     )
     reason = "afs-p" if pessimistic else "afs-l"
     targets, _ = realize(view, sorted(jobs, key=order), counts, elastic_fallback=True, reason=reason, memo=memo)

@@ -17,7 +17,9 @@ So the decayed usage decides the rounding and who gives GPUs back first; the spl
 A tenant holds the GPUs its running jobs hold (`gpus_held`): a GPU its own packed jobs share counts once,
 as on its share alone, one it shares with another tenant's job counts to both.
 
-The inner policy first decides on the whole cluster, as without the layer; its plan stands unless it
+The inner policy first decides on the whole cluster, as without the layer but told each tenant's cap
+(`ClusterView.tenant_caps`: an elastic policy, AFS's rule, hands spare GPUs to the jobs of tenants below
+their caps first, and to the others only what those cannot use); its plan stands unless it
 leaves a tenant short of its cap by enough GPUs for one of its waiting jobs, or packs a job onto a shard
 of another tenant's GPU past its own tenant's cap (`packs_past_cap`: with every tenant at its cap none is
 short, and such packs gave one tenant's jobs shards of the others' GPUs round after round). So the layer is
@@ -244,6 +246,11 @@ class FairShare:
         self.entitled = (view.now, caps)
         if len(caps) < 2:  # one tenant with active jobs (or none): nothing to share
             return self.inner.decide(view, now)
+        # An elastic inner policy grows the jobs of tenants below their caps first (`tenant_caps`): without
+        # that, a tenant whose jobs all run (none waits, so none is short below) was shrunk to give other
+        # tenants' jobs the GPUs they grew into (Philly (b): a 2869ce job at 4 GPUs for 118 h that had 12
+        # alone on its 64).
+        view = replace(view, tenant_caps=caps)
         # Work-conserving first: the inner policy's own plan on the whole cluster stands (its global
         # order kept across tenants) unless it leaves a tenant short of its cap by a waiting job, or packs
         # a job onto another tenant's GPU past its own tenant's cap.

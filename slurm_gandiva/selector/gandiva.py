@@ -398,6 +398,7 @@ class Default(_TrialParams):
             frozen=probing,
             limit=lambda j: gpu_limit(j, view.topology, self.memo),
             caps=view.group_caps,
+            tenant_caps=view.tenant_caps,
         )
         order = sorted(
             jobs,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Placement, Topology
+from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Locality, Placement, RateTable, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.selector import make_policy
 from slurm_gandiva.selector.fairshare import FairShare, TenantUsage, keep_to_caps, water_fill
@@ -142,3 +142,26 @@ def test_a_gpu_left_by_rounding_stays_with_its_holder_for_a_quantum() -> None:
     fifo = FairShare(make_policy("fifo"))  # no quantum: no credit, the lower usage gets it at once
     fifo.state.usage = {("a", "a"): 1030.0, ("b", "b"): 1000.0}
     assert fifo.caps(view) == {("a", "a"): 1, ("b", "b"): 2}
+
+
+@pytest.mark.parametrize("inner", ["afs-l", "default"])
+def test_an_elastic_tenant_whose_jobs_all_run_grows_to_its_cap(inner: str) -> None:
+    """No job waits, yet the inner policy's rule gave one tenant's short jobs the GPUs the other's long job
+    would have grown into on its share alone: with the layer, the long job grows to its tenant's cap."""
+    linear = RateTable({(k, Locality.SWITCH): 10.0 * k for k in range(1, 9)})
+    topo = Topology.uniform(1, 8)
+    g = topo.all_gpus()
+
+    def run(jid: str, user: str, work: float, gpus: tuple[GpuRef, ...]) -> Job:
+        spec = JobSpec(jid, user, 1, 8, 0.0, total_work=work, account=user)
+        return Job(spec, JobState.RUNNING, Placement(gpus), rates=linear, slice_start=0.0, first_start=0.0,
+                   times_scheduled=3)
+
+    jobs = (run("s0", "sam", 100.0, g[0:3]), run("s1", "sam", 100.0, g[3:6]), run("l", "lee", 1e4, g[6:8]))
+    view = ClusterView(topo, jobs, now=3600.0)
+    alone = make_policy(inner).decide(view, 3600.0).apply(view)
+    assert alone.job("l").gpus == 2  # AFS-L's rule: the short jobs keep the spare GPUs
+    fair = FairShare(make_policy(inner))
+    after = fair.decide(view, 3600.0).apply(view)
+    assert after.job("l").gpus == 4 and after.job("s0").gpus + after.job("s1").gpus == 4
+    assert not after.consistency_errors()

@@ -627,6 +627,25 @@ def test_afs_l_hands_spare_gpus_out() -> None:
     assert counts == {"a": 2, "b": 2}
 
 
+def test_afs_hands_spare_gpus_to_tenants_below_their_caps_first() -> None:
+    """`tenant_caps`: the spare GPUs go to the jobs of tenants below their caps first; those a tenant below
+    its cap cannot use still go to the others (work-conserving)."""
+    linear = RateTable({(k, Locality.SWITCH): 10.0 * k for k in range(1, 9)})
+    short = [replace(job(f"s{i}", 1, 8, work=100.0, rates=linear), spec=JobSpec(f"s{i}", "sam", 1, 8, 0.0,
+             total_work=100.0, account="a")) for i in range(2)]
+    long = replace(job("l", 1, 8, work=10_000.0, rates=linear),
+                   spec=JobSpec("l", "lee", 1, 8, 0.0, total_work=10_000.0, account="b"))
+    jobs = [*short, long]
+    plain = afs_counts(jobs, 8, Speeds(), pessimistic=False)
+    assert plain["l"] == 2  # the short jobs win most spare GPUs by AFS-L's rule
+    capped = afs_counts(jobs, 8, Speeds(), pessimistic=False, tenant_caps={("a", "sam"): 4, ("b", "lee"): 4})
+    assert capped == {"s0": 2, "s1": 2, "l": 4}
+    # A tenant below its cap that cannot use more leaves the rest to the others.
+    one = replace(long, spec=replace(long.spec, max_gpus=1))
+    left = afs_counts([*short, one], 8, Speeds(), pessimistic=False, tenant_caps={("a", "sam"): 4, ("b", "lee"): 4})
+    assert left["l"] == 1 and left["s0"] + left["s1"] == 7
+
+
 def test_afs_p_lease_protects_then_expires() -> None:
     pol = make_policy("afs-p")
     a = running("a", gp("n1", 0), since=0.0, lo=1, hi=1)
