@@ -145,10 +145,13 @@ def test_array_tasks_are_time_sliced_throttled_and_cancelled_one_by_one(
             sq = subprocess.run([GANDIVA, "squeue", "--config", str(env.conf)], capture_output=True, text=True,
                                 env={**os.environ, **env.cluster.env}, timeout=60)
             assert sq.returncode == 0, sq.stderr
-            return sq.stdout if all(jid in sq.stdout for jid in tasks) else None
+            rows = {ln.split()[0]: ln.split()[3] for ln in sq.stdout.splitlines()[1:] if len(ln.split()) > 3}
+            # (a listing taken just as a rotation suspends the running tasks shows none running: read again)
+            return sq.stdout if set(tasks) <= rows.keys() and "running" in rows.values() else None
 
-        # Every task, once the controller has registered them all (a few rounds: slower on a loaded machine).
-        assert "running" in wait_for(listed, 60, "gandiva squeue to list every task")
+        # Every task, once the controller has registered them all (a few rounds: slower on a loaded machine),
+        # some of them running.
+        wait_for(listed, 60, "gandiva squeue to list every task, some running")
         time.sleep(1)
         cancelled = run_as(test_user, [GANDIVA, "cancel", victim], slurm_env)
         assert cancelled.returncode == 0, cancelled.stderr
