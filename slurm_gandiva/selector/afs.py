@@ -35,6 +35,7 @@ from slurm_gandiva.selector.common import (
     gpu_limit,
     slice_age,
 )
+from slurm_gandiva.selector.fairshare import Tenant, tenant_of
 from slurm_gandiva.selector.placement import realize
 
 _MIN_GAIN = 1.0 + 1e-6  # a GPU that speeds a job up by less than this stays spare
@@ -84,7 +85,7 @@ def afs_counts(
     frozen: frozenset[str] = frozenset(),
     limit: Callable[[Job], int] | None = None,
     caps: Mapping[str, int] | None = None,
-    tenant_caps: Mapping[tuple[str, str], int] | None = None,
+    tenant_caps: Mapping[Tenant, int] | None = None,
 ) -> dict[str, int]:
     """GPU counts by the AFS rule for `jobs` on `cap` GPUs.
 
@@ -134,10 +135,10 @@ def afs_counts(
     heap = [e for e in heap if e.g > _MIN_GAIN]
     heapq.heapify(heap)
     if tenant_caps:
-        held: Counter[tuple[str, str]] = Counter()
+        held: Counter[Tenant] = Counter()
         for j in jobs:
             if j.job_id in counts:
-                held[(j.spec.account, j.spec.user)] += counts[j.job_id]
+                held[tenant_of(j)] += counts[j.job_id]
         free, heap = _hand_out(heap, free, counts, top, speeds, tenant_caps, held)
         heapq.heapify(heap)  # the entries of tenants at their caps: the GPUs no other tenant could use
     _hand_out(heap, free, counts, top, speeds, None, None)
@@ -150,8 +151,8 @@ def _hand_out(
     counts: dict[str, int],
     top: Callable[[Job], int],
     speeds: Speeds,
-    tenant_caps: Mapping[tuple[str, str], int] | None,
-    held: Counter[tuple[str, str]] | None,
+    tenant_caps: Mapping[Tenant, int] | None,
+    held: Counter[Tenant] | None,
 ) -> tuple[int, list[_Entry]]:
     """`free` spare GPUs one by one to the winner of the pairwise rule in `heap`, skipping (and returning)
     the entries of tenants whose `held` reached their `tenant_caps`; -> (GPUs left, entries skipped)."""
@@ -159,7 +160,7 @@ def _hand_out(
     while free > 0 and heap:
         e = heapq.heappop(heap)
         if tenant_caps is not None and held is not None:
-            t = (e.job.spec.account, e.job.spec.user)
+            t = tenant_of(e.job)
             cap = tenant_caps.get(t)
             if cap is not None and held[t] >= cap:
                 skipped.append(e)

@@ -145,7 +145,8 @@ def test_array_tasks_are_time_sliced_throttled_and_cancelled_one_by_one(
             sq = subprocess.run([GANDIVA, "squeue", "--config", str(env.conf)], capture_output=True, text=True,
                                 env={**os.environ, **env.cluster.env}, timeout=60)
             assert sq.returncode == 0, sq.stderr
-            rows = {ln.split()[0]: ln.split()[3] for ln in sq.stdout.splitlines()[1:] if len(ln.split()) > 3}
+            cols = [ln.split() for ln in sq.stdout.splitlines()[1:]]
+            rows = {c[0]: c[3] for c in cols if len(c) > 3}  # JOBID -> STATE
             # (a listing taken just as a rotation suspends the running tasks shows none running: read again)
             return sq.stdout if set(tasks) <= rows.keys() and "running" in rows.values() else None
 
