@@ -77,6 +77,7 @@ _BOUND_ATTR = "_slurm_gandiva_conf"  # set on the pyslurm module: the slurm.conf
 _ACCESS_DENIED = 2002
 _USER_ID_MISSING = 2010
 _INVALID_JOB_ID = 2017
+_TRANSITION = 2020  # ESLURM_TRANSITION_STATE_NO_UPDATE: "Job can not be altered now, try again later"
 _ALREADY_DONE = 2021
 _JOB_FINISHED = 2084
 
@@ -285,10 +286,12 @@ class PyslurmBackend:
         clock: Callable[[], float] = time.time,
         capabilities: SlurmCapabilities | None = None,
         cli: CliBackend | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.env = dict(env or {})
         self.timeout = timeout
         self._clock = clock
+        self._sleep = sleep
         conf = self.env.get("SLURM_CONF") or os.environ.get("SLURM_CONF")
         # libslurm cuts a job array's task list at SLURM_BITSTR_LEN (64 characters by default), read from the
         # process's environment when it first unpacks jobs (see CliBackend for the commands').
@@ -500,15 +503,24 @@ class PyslurmBackend:
             return
         job = self._handle(jid)
         what = f"signal {sig} to job {jid}"
-        try:
-            job.send_signal(num, steps="batch" if batch_only else "all")
-        except Exception as exc:
-            err = _rpc_error(what, exc)
-            if getattr(exc, "errno", None) in (_ALREADY_DONE, _JOB_FINISHED):
-                # pyslurm passes "already done" over in silence for signals; scancel reports it: so do we.
-                raise InvalidRequest(f"{what}: Slurm refused the request (Job/step already completing or "
-                                     "completed)") from None
-            raise err from None
+        deadline = self._clock() + self.timeout
+        wait = 0.1
+        while True:
+            try:
+                job.send_signal(num, steps="batch" if batch_only else "all")
+                return
+            except Exception as exc:
+                errno = getattr(exc, "errno", None)
+                if errno in (_ALREADY_DONE, _JOB_FINISHED):
+                    # pyslurm passes "already done" over in silence for signals; scancel reports it: so do we.
+                    raise InvalidRequest(f"{what}: Slurm refused the request (Job/step already completing or "
+                                         "completed)") from None
+                if errno != _TRANSITION or self._clock() + wait > deadline:
+                    raise _rpc_error(what, exc) from None
+            # A SIGSTOP / SIGCONT still being delivered to the job's nodes (JOB_SIGNALING) refuses the next one
+            # until slurmctld's agent is done; scancel sends again on this answer, and so do we, sooner.
+            self._sleep(wait)
+            wait = min(wait * 2, 2.0)
 
     def requeue_hold(self, job_id: str) -> None:
         jid = _job_id(job_id)

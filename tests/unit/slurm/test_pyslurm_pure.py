@@ -7,7 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurm_gandiva.errors import ConfigError, InvalidRequest, PermissionDenied, SlurmUnreachable, UnknownJob
+from slurm_gandiva.errors import (
+    ConfigError,
+    InvalidRequest,
+    PermissionDenied,
+    SlurmError,
+    SlurmUnreachable,
+    UnknownJob,
+)
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import SlurmJob
 from slurm_gandiva.slurm.cli_backend import CliBackend
@@ -155,3 +162,59 @@ def test_a_begin_time_of_now_plus_n_counts_from_the_whole_second_as_scontrol_doe
     assert _modify_value("starttime", "now", lambda: 1000.7) == 1000
     assert _modify_value("starttime", "now+2", lambda: 1000.7) == 1002
     assert _modify_value("begintime", "NOW+1", lambda: 5.2) == 6
+
+
+class _Refused(Exception):
+    def __init__(self, errno: int) -> None:
+        super().__init__(f"slurm errno {errno}")
+        self.errno = errno
+
+
+def test_a_stop_or_cont_refused_while_the_last_is_delivered_is_sent_again_until_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """slurmctld refuses SIGSTOP / SIGCONT with "try again later" while the previous one is still being delivered
+    to a multi-node job's nodes (JOB_SIGNALING); scancel sends again, so the pyslurm backend must too."""
+    from pathlib import Path
+
+    from slurm_gandiva.slurm.pyslurm_backend import PyslurmBackend
+
+    conf = Path(str(tmp_path)) / "slurm.conf"
+    conf.write_text("")
+    answers: list[int | None] = []
+    sent: list[tuple[int, int, str]] = []
+
+    class Job:
+        def __init__(self, jid: int) -> None:
+            self.jid = jid
+
+        def send_signal(self, num: int, steps: str) -> None:
+            sent.append((self.jid, num, steps))
+            errno = answers.pop(0)
+            if errno is not None:
+                raise _Refused(errno)
+
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    monkeypatch.setitem(sys.modules, "pyslurm", SimpleNamespace(slurm_init=lambda conf: None, Job=Job))
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    backend = PyslurmBackend({"SLURM_CONF": str(conf)}, timeout=3.0, clock=lambda: now[0], sleep=sleep,
+                             cli=SimpleNamespace())  # type: ignore[arg-type]
+    answers[:] = [2020, 2020, None]
+    backend.signal("50", "CONT", batch_only=False)
+    assert [s[1:] for s in sent] == [(18, "all")] * 3 and slept == [0.1, 0.2]
+    sent.clear()
+    answers[:] = [2020] * 20  # still refused when the timeout is spent: the refusal, as one line
+    with pytest.raises(InvalidRequest, match="signal STOP to job 50"):
+        backend.signal("50", "STOP", batch_only=False)
+    assert 1 < len(sent) < 20 and now[0] <= 3.0 + 0.3
+    answers[:] = [2017]  # any other refusal is not retried
+    sent.clear()
+    with pytest.raises(SlurmError):
+        backend.signal("50", "STOP", batch_only=False)
+    assert len(sent) == 1
