@@ -39,6 +39,9 @@ from slurm_gandiva.selector.fairshare import Tenant, tenant_of
 from slurm_gandiva.selector.placement import realize
 
 _MIN_GAIN = 1.0 + 1e-6  # a GPU that speeds a job up by less than this stays spare
+# Rule-and-place passes a round at most (`settled_plan`). Philly 0e4a51 (80 jobs, default): 0.4% of the rounds
+# needed a second pass and none an eighth; capped at 2 or 3, the rounds left unsettled churned (8,000 resizes).
+_SETTLE_PASSES = 16
 
 
 @functools.lru_cache(maxsize=1 << 17)  # every round of most policies sorts every job by it
@@ -213,21 +216,72 @@ def _afs_plan(
     memo: Memo,
 ) -> Plan:
     """An AFS-L (AFS-P when `pessimistic`) round: counts by `afs_counts` over `floors`, placed in `order`."""
-    limit = _limit(view, memo)
-    counts = afs_counts(
-        jobs,
-        capacity(view),
-        speeds,
-        pessimistic=pessimistic,
-        seed=seed,
-        floors=floors,
-        limit=limit,
-        caps=view.group_caps,
-        tenant_caps=view.tenant_caps,
-    )
     reason = "afs-p" if pessimistic else "afs-l"
-    targets, _ = realize(view, sorted(jobs, key=order), counts, elastic_fallback=True, reason=reason, memo=memo)
-    return targets.plan(view)
+    ranked = sorted(jobs, key=order)
+
+    def count(limit: Callable[[Job], int]) -> dict[str, int]:
+        return afs_counts(
+            jobs,
+            capacity(view),
+            speeds,
+            pessimistic=pessimistic,
+            seed=seed,
+            floors=floors,
+            limit=limit,
+            caps=view.group_caps,
+            tenant_caps=view.tenant_caps,
+        )
+
+    def place(counts: dict[str, int]) -> Plan:
+        return realize(view, ranked, counts, elastic_fallback=True, reason=reason, memo=memo)[0].plan(view)
+
+    return settled_plan(view, count, place, _limit(view, memo))
+
+
+def settled_plan(
+    view: ClusterView,
+    count: Callable[[Callable[[Job], int]], dict[str, int]],
+    place: Callable[[dict[str, int]], Plan],
+    limit: Callable[[Job], int],
+) -> Plan:
+    """`place(count(limit))`, with the grows the placement refused fed back to the rule: such a job's limit
+    becomes the GPUs it holds after the plan, and the rule decides again, until every grow it hands out is
+    placed (at most `_SETTLE_PASSES` times).
+
+    The rule counts GPUs as if each job got its best locality; `realize` grows a job only onto a placement
+    where it runs faster (more GPUs over nodes can be slower than fewer in one). Placed once, a refused
+    grow's GPUs idled or went to whatever else could take them, and the rule, counting them as that job's,
+    shifted the others round after round: on Philly 0e4a51 (80 jobs, default) 15,954 resizes against 260;
+    settled, 212, and average JCT 7% below the refusal-free rule's (55.4 h against 59.4 h)."""
+    stuck: dict[str, int] = {}
+
+    def capped(j: Job) -> int:
+        k = stuck.get(j.job_id)
+        return k if k is not None else limit(j)
+
+    plan = Plan()
+    for _ in range(_SETTLE_PASSES):
+        counts = count(capped)
+        plan = place(dict(counts))
+        refused = refused_grows(view, plan, counts)
+        if not refused:
+            break
+        stuck.update(refused)
+    return plan
+
+
+def refused_grows(view: ClusterView, plan: Plan, counts: Mapping[str, int]) -> dict[str, int]:
+    """Running jobs that `counts` grows but `plan` leaves with fewer GPUs -> the GPUs they hold after it."""
+    placed = {d.job_id: d.placement for d in plan.decisions}
+    out: dict[str, int] = {}
+    for j in view.running:
+        want = counts.get(j.job_id, 0)
+        if want > j.gpus:
+            p = placed.get(j.job_id, j.placement)
+            have = p.count if p is not None else 0
+            if 0 < have < want:
+                out[j.job_id] = have
+    return out
 
 
 def afsp_key(j: Job) -> tuple[int, float, float, str]:

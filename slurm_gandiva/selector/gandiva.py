@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import ClassVar
 
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Placement, TrialKind
 from slurm_gandiva.plan import Plan
-from slurm_gandiva.selector.afs import afs_counts, tie_rank
+from slurm_gandiva.selector.afs import afs_counts, settled_plan, tie_rank
 from slurm_gandiva.selector.common import (
     GroupRoom,
     Memo,
@@ -388,18 +388,6 @@ class Default(_TrialParams):
         # A job in its first slice is not resized until `probe` is over: a resize costs it a
         # suspend and a resume just when its user waits for the first mini-batches.
         probing = frozenset(j.job_id for j in young if j.times_scheduled <= 1) | {j.job_id for j in fresh}
-        counts = afs_counts(
-            jobs,
-            capacity(view),
-            speeds,
-            pessimistic=False,
-            seed=self.seed,
-            floors=floors,
-            frozen=probing,
-            limit=lambda j: gpu_limit(j, view.topology, self.memo),
-            caps=view.group_caps,
-            tenant_caps=view.tenant_caps,
-        )
         order = sorted(
             jobs,
             key=lambda j: (
@@ -409,9 +397,27 @@ class Default(_TrialParams):
                 tie_rank(self.seed, j.job_id),
             ),
         )
-        return run_round(
-            Round(view, now, jobs, order, counts, knobs, speeds, back, reverts, self.min_slice, "afs", self.memo)
-        )
+
+        def count(limit: Callable[[Job], int]) -> dict[str, int]:
+            return afs_counts(
+                jobs,
+                capacity(view),
+                speeds,
+                pessimistic=False,
+                seed=self.seed,
+                floors=floors,
+                frozen=probing,
+                limit=limit,
+                caps=view.group_caps,
+                tenant_caps=view.tenant_caps,
+            )
+
+        def place(counts: dict[str, int]) -> Plan:
+            return run_round(
+                Round(view, now, jobs, order, counts, knobs, speeds, back, reverts, self.min_slice, "afs", self.memo)
+            )
+
+        return settled_plan(view, count, place, lambda j: gpu_limit(j, view.topology, self.memo))
 
     def _hold(self, j: Job) -> float:
         return max(self.min_slice, self.probe) if j.times_scheduled <= 1 else self.min_slice

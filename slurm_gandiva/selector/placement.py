@@ -703,6 +703,9 @@ def realize(
     `fixed` names exact placements for some jobs (trial reverts), taken when their GPUs are available
     after the staying jobs are booked; `reverts` marks the decisions of those jobs as reverts.
     `strict_ties`: see `GpuPool.find` (for the pool made here).
+    A job grows only onto a placement where it is expected to run faster than where it is (`_faster`):
+    more GPUs spread over nodes can be slower than fewer in one (an elastic policy's counts assume the
+    best locality; `afs.settled_plan` feeds such refusals back to the rule).
     """
     topo = view.topology
     pool = pool or GpuPool(topo, memo, strict_ties=strict_ties, ties=view.requeue_ties,
@@ -778,6 +781,8 @@ def realize(
             if old is not None and k <= old.count:
                 break
             found = pool.find(job, k, tied)
+            if found is not None and old is not None and not _faster(pool, job, found, old):
+                found = None  # more GPUs, but spread where the job runs slower than it does now
             if found is not None:
                 break
         if found is not None:
@@ -790,3 +795,14 @@ def realize(
         elif job.state is JobState.RUNNING:
             out.set(job.job_id, None, reason or "no room")
     return out, pool
+
+
+def _faster(pool: GpuPool, job: Job, new: Placement, old: Placement) -> bool:
+    """Whether `job` is expected to run faster on `new` than on `old` (its rates at each count, times the
+    locality factor of each placement)."""
+    topo = pool.topology
+
+    def speed(p: Placement) -> float:
+        return job.rates.throughput(p.count) * pool.factor(job, p.count, topo.locality(p.gpus))
+
+    return speed(new) > speed(old)
