@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Placement, TrialKind
 from slurm_gandiva.plan import Plan
-from slurm_gandiva.selector.afs import afs_counts, settled_plan, tie_rank
+from slurm_gandiva.selector.afs import GrowRefusals, afs_counts, settled_plan, tie_rank
 from slurm_gandiva.selector.common import (
     GroupRoom,
     Memo,
@@ -364,6 +364,7 @@ class Default(_TrialParams):
     name: str = "default"
     elastic: ClassVar[bool] = True
     memo: Memo = field(default_factory=Memo, init=False, repr=False, compare=False)
+    refusals: GrowRefusals = field(default_factory=GrowRefusals, init=False, repr=False, compare=False)
 
     def decide(self, view: ClusterView, now: float) -> Plan:
         jobs = active_jobs(view)
@@ -417,7 +418,7 @@ class Default(_TrialParams):
                 Round(view, now, jobs, order, counts, knobs, speeds, back, reverts, self.min_slice, "afs", self.memo)
             )
 
-        return settled_plan(view, count, place, lambda j: gpu_limit(j, view.topology, self.memo))
+        return settled_plan(view, count, place, lambda j: gpu_limit(j, view.topology, self.memo), self.refusals)
 
     def _hold(self, j: Job) -> float:
         return max(self.min_slice, self.probe) if j.times_scheduled <= 1 else self.min_slice

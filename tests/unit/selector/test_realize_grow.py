@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from slurm_gandiva.model import ClusterView, Job, JobSpec, JobState, Locality, Placement, RateTable
-from slurm_gandiva.plan import Action
-from slurm_gandiva.selector.afs import AfsL
+from slurm_gandiva.plan import Action, Plan
+from slurm_gandiva.selector.afs import AfsL, GrowRefusals, settled_plan
 from slurm_gandiva.selector.placement import realize
 from tests.helpers import TWO_BY_FOUR, gp
 
@@ -54,3 +55,46 @@ def test_the_rule_decides_again_without_a_grow_the_placement_refused() -> None:
     once = realize(view, [a, b, d], {"a": 4, "b": 2, "d": 2})[0].plan(view)
     assert [(x.job_id, x.action) for x in once.decisions] == [("d", Action.RESIZE)]  # what one pass did
     assert AfsL().decide(view, 0.0).decisions == ()
+
+
+def test_a_refused_grow_is_remembered_while_the_jobs_and_its_placement_stay_and_forgotten_after() -> None:
+    """`GrowRefusals`: the next round starts from the refusal (no pass finds it again), until a job arrives or
+    leaves or the refused job is moved; a set of jobs asked about in the last round keeps its own refusals
+    (the fair-share layer asks about the whole cluster and about groups), an older one starts afresh."""
+    b = job("b", 2, gp("n1", 2, 3), max_gpus=2)
+    b = b.evolve(spec=replace(b.spec, min_gpus=2))
+    a = job("a", 2, gp("n1", 0, 1), rates(90.0))
+    poor = RateTable({(1, Locality.SWITCH): 50.0, (2, Locality.SWITCH): 60.0, (4, Locality.NODE): 70.0})
+    d = job("d", 4, gp("n2", 0, 1, 2, 3), poor)
+    view = ClusterView(TWO_BY_FOUR, (a, b, d))
+    e = Job(JobSpec("e", "u", 1, 1, 0.0, total_work=1e6))  # waiting
+    mem = GrowRefusals()
+    passes: list[dict[str, int]] = []
+
+    def count(limit: Callable[[Job], int]) -> dict[str, int]:
+        out = {"a": min(4, limit(a)), "b": 2}
+        out["d"] = 8 - out["a"] - 2
+        passes.append(out)
+        return out
+
+    def place(counts: dict[str, int]) -> Plan:
+        return realize(view, [a, b, d], counts)[0].plan(view)
+
+    def limit(j: Job) -> int:
+        return j.spec.max_gpus
+
+    def round_(at: float, v: ClusterView = view) -> list[dict[str, int]]:
+        passes.clear()
+        settled_plan(replace(v, now=at), count, place, limit, mem)
+        return list(passes)
+
+    settled, refused = {"a": 2, "b": 2, "d": 4}, {"a": 4, "b": 2, "d": 2}
+    assert settled_plan(view, count, place, limit, mem).decisions == ()
+    assert passes == [refused, settled]  # refused, then settled
+    assert round_(1.0) == [settled]  # the next round starts from it: one pass
+    assert round_(2.0, ClusterView(TWO_BY_FOUR, (a.evolve(placement=gp("n1", 2, 3)), b.evolve(
+        placement=gp("n1", 0, 1)), d)))[0] == refused  # moved: forgotten
+    assert round_(3.0) == [refused, settled]
+    assert round_(3.0, ClusterView(TWO_BY_FOUR, (a, b, d, e)))[0] == refused  # another set: none of its caps
+    assert round_(4.0) == [settled]  # asked about in the last round: kept
+    assert round_(5.0, ClusterView(TWO_BY_FOUR, (a, b, d, e))) == [refused, settled]  # two rounds ago: afresh
