@@ -8,7 +8,7 @@ layer on or off, against 1.53 s on issue 18's cluster (benchmarks/results/contro
 Each cluster gets `--queue` pending jobs first (begin time an hour ahead, one sbatch each, as a site's queue
 that slurmctld's scheduler passes over), then, alternating clusters, `--repeats` times:
   hold / release / update   `scontrol hold`, `scontrol release`, `scontrol update TimeLimit=` on one pending job;
-  requeuehold               `scontrol requeuehold` on a running job (then released to run again, not timed);
+  requeuehold               `scontrol requeuehold` on a running job (then cancelled and replaced, not timed);
   12 at once                12 `scontrol update` calls in parallel (a round's actions run in parallel, act.py).
 Prints median ms per call on each cluster and the ratio (accounting / none).
 
@@ -59,6 +59,14 @@ class Side:
         self.run(argv)
         return time.perf_counter() - t0
 
+    def replace_running(self, job_id: str) -> None:
+        """Cancel a requeue-held job and start a new one in its place (restarting a requeued job races its
+        requeue's end: a release sent while the batch step ends is lost)."""
+        self.run(["scancel", job_id])
+        new = self.sbatch("--requeue", "--gres=gpu:1", "-t", "60")
+        self.running[self.running.index(job_id)] = new
+        self.wait_state(new, "RUNNING")
+
     def wait_state(self, job_id: str, state: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -93,12 +101,9 @@ def measure(sides: Sequence[Side], repeats: int) -> dict[str, dict[str, list[flo
                 argvs = [["scontrol", "update", f"jobid={j}", f"TimeLimit={61 + r}"] for j in targets]
                 list(pool.map(side.run, argvs))
             note(side, f"{PARALLEL} at once", time.perf_counter() - t0)
-        for side in sides:  # the requeued jobs run again before the next repeat (not timed)
+        for side in sides:  # a running job again in the requeued one's place (not timed)
             run = side.running[r % len(side.running)]
-            side.wait_state(run, "PENDING")  # requeued once its batch step has ended
-            side.run(["scontrol", "update", f"jobid={run}", "StartTime=now"])  # a requeue sets it ahead
-            side.run(["scontrol", "release", run])
-            side.wait_state(run, "RUNNING")
+            side.replace_running(run)
     return times
 
 
