@@ -30,6 +30,16 @@ def job(jid: str, gpus: int, at: Placement, table: RateTable | None = None, max_
     return Job(spec).evolve(state=JobState.RUNNING, placement=at, times_scheduled=1, rates=table or RateTable())
 
 
+def refusing() -> tuple[Job, Job, Job]:
+    """a on n1 (scales well, slower over nodes), b beside it (rigid), d on all of n2 (scales poorly): the rule
+    gives a four GPUs and takes two from d, but a's only four-GPU placement spans the nodes."""
+    b = job("b", 2, gp("n1", 2, 3), max_gpus=2)
+    b = b.evolve(spec=replace(b.spec, min_gpus=2))
+    a = job("a", 2, gp("n1", 0, 1), rates(90.0))
+    poor = RateTable({(1, Locality.SWITCH): 50.0, (2, Locality.SWITCH): 60.0, (4, Locality.NODE): 70.0})
+    return a, b, job("d", 4, gp("n2", 0, 1, 2, 3), poor)
+
+
 def test_a_grow_that_could_only_spread_over_nodes_where_the_job_is_slower_is_not_made() -> None:
     # a holds n1's switch 0; b holds n1's switch 1 and c n2's switch 0: four GPUs for a means two on each node.
     b, c = job("b", 2, gp("n1", 2, 3), max_gpus=2), job("c", 2, gp("n2", 0, 1), max_gpus=2)
@@ -46,11 +56,7 @@ def test_a_grow_that_could_only_spread_over_nodes_where_the_job_is_slower_is_not
 def test_the_rule_decides_again_without_a_grow_the_placement_refused() -> None:
     # The rule gives a four GPUs (it scales well) and takes two from d (it scales poorly), but a's only
     # four-GPU placement spans the nodes, where it is slower: d keeps its GPUs instead of idling two.
-    b = job("b", 2, gp("n1", 2, 3), max_gpus=2)
-    b = b.evolve(spec=replace(b.spec, min_gpus=2))
-    a = job("a", 2, gp("n1", 0, 1), rates(90.0))
-    poor = RateTable({(1, Locality.SWITCH): 50.0, (2, Locality.SWITCH): 60.0, (4, Locality.NODE): 70.0})
-    d = job("d", 4, gp("n2", 0, 1, 2, 3), poor)
+    a, b, d = refusing()
     view = ClusterView(TWO_BY_FOUR, (a, b, d))
     once = realize(view, [a, b, d], {"a": 4, "b": 2, "d": 2})[0].plan(view)
     assert [(x.job_id, x.action) for x in once.decisions] == [("d", Action.RESIZE)]  # what one pass did
@@ -61,11 +67,7 @@ def test_a_refused_grow_is_remembered_while_the_jobs_and_its_placement_stay_and_
     """`GrowRefusals`: the next round starts from the refusal (no pass finds it again), until a job arrives or
     leaves or the refused job is moved; a set of jobs asked about in the last round keeps its own refusals
     (the fair-share layer asks about the whole cluster and about groups), an older one starts afresh."""
-    b = job("b", 2, gp("n1", 2, 3), max_gpus=2)
-    b = b.evolve(spec=replace(b.spec, min_gpus=2))
-    a = job("a", 2, gp("n1", 0, 1), rates(90.0))
-    poor = RateTable({(1, Locality.SWITCH): 50.0, (2, Locality.SWITCH): 60.0, (4, Locality.NODE): 70.0})
-    d = job("d", 4, gp("n2", 0, 1, 2, 3), poor)
+    a, b, d = refusing()
     view = ClusterView(TWO_BY_FOUR, (a, b, d))
     e = Job(JobSpec("e", "u", 1, 1, 0.0, total_work=1e6))  # waiting
     mem = GrowRefusals()
