@@ -9,7 +9,12 @@ Each cluster gets `--queue` pending jobs first (begin time an hour ahead, one sb
 that slurmctld's scheduler passes over), then, alternating clusters, `--repeats` times:
   hold / release / update   `scontrol hold`, `scontrol release`, `scontrol update TimeLimit=` on one pending job;
   requeuehold               `scontrol requeuehold` on a running job (then cancelled and replaced, not timed);
-  12 at once                12 `scontrol update` calls in parallel (a round's actions run in parallel, act.py).
+  12 at once                12 `scontrol update` calls in parallel (a round's actions run in parallel, act.py);
+  requeued                  from `scontrol requeuehold` on a running job until squeue shows it PENDING (the
+                            requeue done: its batch step ended), polled every 50 ms;
+  started                   from `scontrol release` of a held 1-GPU job with a GPU free until it RUNS (a
+                            resume's last part), polled every 50 ms.
+Calls are answers; "requeued" and "started" are effects, which the requeue protocol waits for.
 Prints median ms per call on each cluster and the ratio (accounting / none).
 
     . scripts/slurm-release.sh && gandiva_slurm_use 24.11 && \
@@ -67,12 +72,12 @@ class Side:
         self.running[self.running.index(job_id)] = new
         self.wait_state(new, "RUNNING")
 
-    def wait_state(self, job_id: str, state: str, timeout: float = 60.0) -> None:
+    def wait_state(self, job_id: str, state: str, timeout: float = 60.0, poll: float = 0.2) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).strip() == state:
                 return
-            time.sleep(0.2)
+            time.sleep(poll)
         raise SystemExit(f"{self.name}: job {job_id} not {state} within {timeout:.0f} s")
 
 
@@ -94,7 +99,16 @@ def measure(sides: Sequence[Side], repeats: int) -> dict[str, dict[str, list[flo
             note(side, "release", side.timed(["scontrol", "release", job]))
             note(side, "update", side.timed(["scontrol", "update", f"jobid={job}", f"TimeLimit={60 + r}"]))
             run = side.running[r % len(side.running)]
+            t0 = time.perf_counter()
             note(side, "requeuehold", side.timed(["scontrol", "requeuehold", run]))
+            side.wait_state(run, "PENDING", poll=0.05)
+            note(side, "requeued", time.perf_counter() - t0)
+            held = side.sbatch("-H", "--gres=gpu:1", "-t", "60")
+            t0 = time.perf_counter()
+            side.run(["scontrol", "release", held])
+            side.wait_state(held, "RUNNING", poll=0.05)
+            note(side, "started", time.perf_counter() - t0)
+            side.run(["scancel", held])
             targets = [side.pending[(r * PARALLEL + i) % len(side.pending)] for i in range(PARALLEL)]
             t0 = time.perf_counter()
             with ThreadPoolExecutor(PARALLEL) as pool:
@@ -109,7 +123,7 @@ def measure(sides: Sequence[Side], repeats: int) -> dict[str, dict[str, list[flo
 
 def table(queue: int, times: dict[str, dict[str, list[float]]]) -> list[str]:
     none, acct = times["none"], times["accounting"]
-    rows = [f"{'queue':>6} {'call':<14} {'none ms':>9} {'accounting ms':>14} {'ratio':>7}"]
+    rows = [f"{'queue':>6} {'call or effect':<14} {'none ms':>9} {'accounting ms':>14} {'ratio':>7}"]
     for op in none:
         a, b = statistics.median(none[op]) * 1000, statistics.median(acct[op]) * 1000
         rows.append(f"{queue:>6} {op:<14} {a:>9.1f} {b:>14.1f} {b / a:>6.2f}x")
