@@ -220,6 +220,26 @@ def _afs_plan(
     reason = "afs-p" if pessimistic else "afs-l"
     ranked = sorted(jobs, key=order)
 
+    def place(counts: dict[str, int]) -> Plan:
+        return realize(view, ranked, counts, elastic_fallback=True, reason=reason, memo=memo)[0].plan(view)
+
+    count = view_rule(view, jobs, speeds, pessimistic=pessimistic, seed=seed, floors=floors)
+    return settled_plan(view, count, place, _limit(view, memo), refusals)
+
+
+def view_rule(
+    view: ClusterView,
+    jobs: Sequence[Job],
+    speeds: Speeds,
+    *,
+    pessimistic: bool,
+    seed: int,
+    floors: dict[str, int],
+    frozen: frozenset[str] = frozenset(),
+) -> Callable[[Callable[[Job], int]], dict[str, int]]:
+    """`limit -> afs_counts(...)` on `view`'s GPUs with its group and tenant caps: the rule `settled_plan`
+    asks again with the limits it lowers."""
+
     def count(limit: Callable[[Job], int]) -> dict[str, int]:
         return afs_counts(
             jobs,
@@ -228,15 +248,13 @@ def _afs_plan(
             pessimistic=pessimistic,
             seed=seed,
             floors=floors,
+            frozen=frozen,
             limit=limit,
             caps=view.group_caps,
             tenant_caps=view.tenant_caps,
         )
 
-    def place(counts: dict[str, int]) -> Plan:
-        return realize(view, ranked, counts, elastic_fallback=True, reason=reason, memo=memo)[0].plan(view)
-
-    return settled_plan(view, count, place, _limit(view, memo), refusals)
+    return count
 
 
 @dataclass

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import ClassVar
 
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Placement, TrialKind
 from slurm_gandiva.plan import Plan
-from slurm_gandiva.selector.afs import GrowRefusals, afs_counts, settled_plan, tie_rank
+from slurm_gandiva.selector.afs import GrowRefusals, settled_plan, tie_rank, view_rule
 from slurm_gandiva.selector.common import (
     GroupRoom,
     Memo,
@@ -399,25 +399,12 @@ class Default(_TrialParams):
             ),
         )
 
-        def count(limit: Callable[[Job], int]) -> dict[str, int]:
-            return afs_counts(
-                jobs,
-                capacity(view),
-                speeds,
-                pessimistic=False,
-                seed=self.seed,
-                floors=floors,
-                frozen=probing,
-                limit=limit,
-                caps=view.group_caps,
-                tenant_caps=view.tenant_caps,
-            )
-
         def place(counts: dict[str, int]) -> Plan:
             return run_round(
                 Round(view, now, jobs, order, counts, knobs, speeds, back, reverts, self.min_slice, "afs", self.memo)
             )
 
+        count = view_rule(view, jobs, speeds, pessimistic=False, seed=self.seed, floors=floors, frozen=probing)
         return settled_plan(view, count, place, lambda j: gpu_limit(j, view.topology, self.memo), self.refusals)
 
     def _hold(self, j: Job) -> float:
