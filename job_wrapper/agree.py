@@ -6,10 +6,17 @@ starts an all-reduce MAX of "stop" over a gloo group of its own: a CPU collectiv
 NCCL (a GPU tensor's .item() would wait for the GPU at every step), never queued behind DDP's gradient
 all-reduces. It is asynchronous: it runs during the next step, and the ranks stop one boundary after the
 first that any of them flagged. torch is imported only when there are ranks to connect.
+
+Gloo groups are destroyed before the interpreter tears down (ours at `close`, the default one at exit): a gloo
+group left to the teardown can abort the process after training has ended ("terminate called without an active
+exception", pytorch/pytorch#190489), and the job would end FAILED. Hugging Face's Trainer and Lightning never
+destroy the group they create.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 from typing import Any
 
 
@@ -30,6 +37,8 @@ class StopAgreement:
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
             return None
+        atexit.unregister(destroy_gloo_default_group)  # registered once, however many agreements
+        atexit.register(destroy_gloo_default_group)
         return cls.on(dist.new_group(backend="gloo"))
 
     @classmethod
@@ -84,7 +93,24 @@ class StopAgreement:
         return out
 
     def close(self) -> None:
-        """Finish the all-reduce in flight (every rank started it, so it completes)."""
+        """Finish the all-reduce in flight (every rank started it, so it completes), then destroy the group (a
+        local step for gloo)."""
         if self._work is not None:
             self._work.wait()
             self._work = None
+        if self._group is not None:
+            import torch.distributed as dist
+
+            with contextlib.suppress(ValueError, RuntimeError):  # gone already: the default group was destroyed
+                dist.destroy_process_group(self._group)
+            self._group = None
+
+
+def destroy_gloo_default_group() -> None:
+    """At exit: destroy torch.distributed's default group when it is gloo and still there (see the module).
+    NCCL's is left alone: its teardown is collective in some NCCL versions, and a rank exiting alone would hang."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        with contextlib.suppress(ValueError, RuntimeError):
+            dist.destroy_process_group()
