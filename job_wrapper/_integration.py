@@ -191,6 +191,7 @@ class Suspender:
     def close(self, state: str) -> None:
         if self._agreement is not None:
             self._agreement.close()
+            self._agreement = None  # its group is gone; connecting again makes a new one
         self.stop_listening()
         if self._progress is not None:
             self._progress.stop(state)

@@ -680,6 +680,7 @@ class Session:
             self._progress.stop(state)
         if self._agreement is not None:
             self._agreement.close()
+            self._agreement = None  # its group is gone; connecting again makes a new one
 
     # -- resuming -----------------------------------------------------------------------------------
 
