@@ -17,9 +17,9 @@ So the decayed usage decides the rounding and who gives GPUs back first; the spl
 A tenant holds the GPUs its running jobs hold (`gpus_held`): a GPU its own packed jobs share counts once,
 as on its share alone, one it shares with another tenant's job counts to both.
 
-The inner policy first decides on the whole cluster, as without the layer but told each tenant's cap
-(`ClusterView.tenant_caps`: an elastic policy, AFS's rule, hands spare GPUs to the jobs of tenants below
-their caps first, and to the others only what those cannot use); its plan stands unless it
+The inner policy first decides on the whole cluster, as without the layer (with `steer_grows`, told each
+tenant's cap: `ClusterView.tenant_caps`, and an elastic policy, AFS's rule, hands spare GPUs to the jobs of
+tenants below their caps first, and to the others only what those cannot use); its plan stands unless it
 leaves a tenant short of its cap by enough GPUs for one of its waiting jobs, or packs a job onto a shard
 of another tenant's GPU past its own tenant's cap (`packs_past_cap`: with every tenant at its cap none is
 short, and such packs gave one tenant's jobs shards of the others' GPUs round after round). So the layer is
@@ -183,6 +183,7 @@ class FairShare:
     half_life: float = DEFAULT_HALF_LIFE_S
     state: TenantUsage = field(default_factory=TenantUsage)
     entitled: tuple[float, dict[Tenant, int]] | None = field(default=None, repr=False)  # (now, the last round's caps)
+    steer_grows: bool = False  # hand spare GPUs to the jobs of tenants below their caps first (see `decide`)
 
     def __post_init__(self) -> None:
         bad = [a for a, s in self.shares.items() if not (isinstance(s, (int, float)) and s > 0 and math.isfinite(s))]
@@ -197,7 +198,7 @@ class FairShare:
 
     def __getattr__(self, attr: str) -> Any:
         # quantum, elastic, rotation_grid, next_decision, seed: the inner policy's.
-        if attr in ("inner", "shares", "half_life", "state", "entitled"):
+        if attr in ("inner", "shares", "half_life", "state", "entitled", "steer_grows"):
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
@@ -246,11 +247,13 @@ class FairShare:
         self.entitled = (view.now, caps)
         if len(caps) < 2:  # one tenant with active jobs (or none): nothing to share
             return self.inner.decide(view, now)
-        # An elastic inner policy grows the jobs of tenants below their caps first (`tenant_caps`): without
-        # that, a tenant whose jobs all run (none waits, so none is short below) was shrunk to give other
-        # tenants' jobs the GPUs they grew into (Philly (b): a 2869ce job at 4 GPUs for 118 h that had 12
-        # alone on its 64).
-        view = replace(view, tenant_caps=caps)
+        # `steer_grows`: an elastic inner policy grows the jobs of tenants below their caps first
+        # (`tenant_caps`), so that a tenant whose jobs all run (none waits, so none is short below) is not
+        # kept narrow while other tenants' jobs grow (a 2869ce job at 4 GPUs for 118 h that had 12 alone on
+        # its 64, before the grow guard). Off by default: since the grow guard it costs 10-12% average JCT on
+        # Philly (b) at 500 jobs a VC (benchmarks/results/fairness_500.txt).
+        if self.steer_grows:
+            view = replace(view, tenant_caps=caps)
         # Work-conserving first: the inner policy's own plan on the whole cluster stands (its global
         # order kept across tenants) unless it leaves a tenant short of its cap by a waiting job, or packs
         # a job onto another tenant's GPU past its own tenant's cap.

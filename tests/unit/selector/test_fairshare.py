@@ -145,9 +145,10 @@ def test_a_gpu_left_by_rounding_stays_with_its_holder_for_a_quantum() -> None:
 
 
 @pytest.mark.parametrize("inner", ["afs-l", "default"])
-def test_an_elastic_tenant_whose_jobs_all_run_grows_to_its_cap(inner: str) -> None:
+def test_with_steered_grows_an_elastic_tenant_whose_jobs_all_run_grows_to_its_cap(inner: str) -> None:
     """No job waits, yet the inner policy's rule gave one tenant's short jobs the GPUs the other's long job
-    would have grown into on its share alone: with the layer, the long job grows to its tenant's cap."""
+    would have grown into on its share alone: with `steer_grows`, the long job grows to its tenant's cap;
+    without it (the default) the inner policy's global rule stands, as no tenant is short."""
     linear = RateTable({(k, Locality.SWITCH): 10.0 * k for k in range(1, 9)})
     topo = Topology.uniform(1, 8)
     g = topo.all_gpus()
@@ -161,7 +162,10 @@ def test_an_elastic_tenant_whose_jobs_all_run_grows_to_its_cap(inner: str) -> No
     view = ClusterView(topo, jobs, now=3600.0)
     alone = make_policy(inner).decide(view, 3600.0).apply(view)
     assert alone.job("l").gpus == 2  # AFS-L's rule: the short jobs keep the spare GPUs
-    fair = FairShare(make_policy(inner))
+    fair = FairShare(make_policy(inner), steer_grows=True)
     after = fair.decide(view, 3600.0).apply(view)
     assert after.job("l").gpus == 4 and after.job("s0").gpus + after.job("s1").gpus == 4
     assert not after.consistency_errors()
+    plain = FairShare(make_policy(inner)).decide(view, 3600.0).apply(view)
+    assert plain.job("l").gpus == 2
+
