@@ -168,4 +168,3 @@ def test_with_steered_grows_an_elastic_tenant_whose_jobs_all_run_grows_to_its_ca
     assert not after.consistency_errors()
     plain = FairShare(make_policy(inner)).decide(view, 3600.0).apply(view)
     assert plain.job("l").gpus == 2
-
