@@ -55,6 +55,7 @@ class ControllerConfig:
     # seconds (the GPU limits of associations and QOS apply whatever the fairness).
     fairness: str = "none"
     fairness_half_life: float = 7 * 86400.0
+    fairness_steer_grows: bool = False  # `FairShare.steer_grows`: spare GPUs to tenants below their share first
     accounting_refresh: float = 60.0
     # Co-held GPUs (issue 31, controller/cohold.py): jobs taking turns on the same GPUs each hold a shard of
     # them and switch in place (park / unpark) instead of through the requeue protocol. Needs a Slurm whose
@@ -190,6 +191,10 @@ _KEYS: dict[str, tuple[Callable[[str], object], str, str]] = {
     "fairness_half_life": (
         _positive_seconds, "fairness_half_life",
         "fairness_half_life must be a positive number of seconds (Slurm's PriorityDecayHalfLife; 604800 = 7 days)",
+    ),
+    "fairness_steer_grows": (
+        _yes_no, "fairness_steer_grows",
+        "fairness_steer_grows must be yes or no (an elastic policy grows the jobs of tenants below their share first)",
     ),
     "accounting_refresh": (
         _positive_seconds, "accounting_refresh",

@@ -84,7 +84,8 @@ def make_configured_policy(cfg: ControllerConfig) -> Policy:
     if cfg.fairness == "shares":
         from slurm_gandiva.selector.fairshare import FairShare
 
-        return cast(Policy, FairShare(policy, half_life=cfg.fairness_half_life))  # `name` is its inner's, read-only
+        fair = FairShare(policy, half_life=cfg.fairness_half_life, steer_grows=cfg.fairness_steer_grows)
+        return cast(Policy, fair)  # `name` is its inner's, read-only
     return policy
 
 

@@ -99,6 +99,22 @@ def test_config_fairness_keys_are_checked() -> None:
         parse_config("quantum = 60\nfairness = tickets\n")
     with pytest.raises(ConfigError, match=r"^gandiva\.conf:1: fairness_half_life must be a positive"):
         parse_config("fairness_half_life = -1\n")
+    assert parse_config("").fairness_steer_grows is False
+    assert parse_config("fairness_steer_grows = yes\n").fairness_steer_grows is True
+    with pytest.raises(ConfigError, match=r"^gandiva\.conf:1: fairness_steer_grows must be yes or no"):
+        parse_config("fairness_steer_grows = maybe\n")
+
+
+def test_steer_grows_reaches_the_layer_from_gandiva_conf_and_the_simulator() -> None:
+    from slurm_gandiva.config import parse_config
+    from slurm_gandiva.controller.service import make_configured_policy
+    from slurm_gandiva.sim.cli import with_shares
+
+    for text, want in (("fairness = shares\n", False), ("fairness = shares\nfairness_steer_grows = yes\n", True)):
+        pol = make_configured_policy(parse_config(text))
+        assert isinstance(pol, FairShare) and pol.steer_grows is want
+    assert with_shares(make_policy("default"), {}, None, steer_grows=True).steer_grows is True
+    assert with_shares(make_policy("default"), {}, None).steer_grows is False
 
 
 def test_the_one_pass_paths_count_what_the_properties_did() -> None:
