@@ -197,8 +197,9 @@ class FairShare:
         return self.inner.name
 
     def __getattr__(self, attr: str) -> Any:
-        # quantum, elastic, rotation_grid, next_decision, seed: the inner policy's.
-        if attr in ("inner", "shares", "half_life", "state", "entitled", "steer_grows"):
+        # quantum, elastic, rotation_grid, next_decision, seed: the inner policy's. An own field not set yet
+        # (a copy or unpickle before __init__) is missing, not looked up in `inner` (which would recurse).
+        if attr in self.__dataclass_fields__:
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
