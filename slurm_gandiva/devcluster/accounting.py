@@ -85,6 +85,8 @@ class Accounting:
             f"--pid-file={self.state_dir / 'run' / 'mariadb.pid'}",
             # A throw-away development database: small, and no flush to disk at every commit.
             "--innodb-buffer-pool-size=32M", "--innodb-flush-log-at-trx-commit=0", "--skip-innodb-doublewrite",
+            # Slurm's recommended value: at the default 50 s, a lock wait on a loaded machine is fatal to slurmdbd.
+            "--innodb-lock-wait-timeout=900",
         ]
 
     def initialise(self) -> None:
@@ -147,6 +149,6 @@ def run_checked(run: Callable[[list[str]], subprocess.CompletedProcess[str]], ar
     """Run a sacctmgr command; ConfigError with its one-line reason when it fails."""
     out = run(argv)
     if out.returncode != 0:
-        why = (out.stderr.strip() or out.stdout.strip()).splitlines() or ["no output"]
-        raise ConfigError(f"{' '.join(argv[:5])} failed: {why[-1]}")
+        why = [ln.strip() for ln in (out.stderr.strip() or out.stdout.strip()).splitlines() if ln.strip()]
+        raise ConfigError(f"{' '.join(argv[:5])} failed: {'; '.join(why[-3:]) or 'no output'}")
     return out.stdout

@@ -465,8 +465,24 @@ class DevCluster:
         grant = self._acct.sql(self._acct.grant_statements())
         if grant.returncode != 0:
             raise DevClusterError(f"cannot create slurmdbd's database user ({grant.stderr.strip()})")
-        if "gandiva" not in self.start_slurmdbd():
-            self.sacctmgr(["add", "cluster", "gandiva"])
+        self._register_cluster()
+
+    def _register_cluster(self, attempts: int = 3) -> None:
+        """`sacctmgr add cluster gandiva` unless slurmdbd knows it. Tried again (slurmdbd restarted if it died)
+        when it fails: it failed once in CI with "Unspecified error", a query of slurmdbd's that failed while
+        it created the cluster's tables on a loaded machine. Adding the cluster is idempotent in slurmdbd."""
+        failure: ConfigError | None = None
+        for attempt in range(attempts):
+            if "gandiva" in self.start_slurmdbd():
+                return
+            try:
+                self.sacctmgr(["add", "cluster", "gandiva"])
+                return
+            except ConfigError as exc:
+                failure = exc
+                self._sleep(1.0 + attempt)
+        log = self._log("slurmdbd")
+        raise DevClusterError(f"{failure} (slurmdbd: {_last_log_line(log)}): see {log}")
 
     def start_slurmdbd(self) -> list[str]:
         """Start slurmdbd (if it is not running) and wait until it answers; the clusters it knows. A slurmdbd

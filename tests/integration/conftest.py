@@ -63,6 +63,10 @@ def acct_cluster(test_user: str) -> Iterator[DevCluster]:
             cluster.add_user(test_user, "physics")
             cluster.add_user(OTHER_USER, "bio")
         except Exception as exc:
+            for name in ("slurmdbd", "mariadb"):  # into the failure's captured output, for CI's log
+                log = cluster.state_dir / "log" / f"{name}.log"
+                tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else ["(none)"]
+                print(f"--- {log} (last lines)", *tail, sep="\n")
             pytest.fail(f"the devcluster with accounting did not start on port base {base}: {exc}")
         yield cluster
     finally:

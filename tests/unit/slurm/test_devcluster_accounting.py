@@ -102,3 +102,39 @@ def test_a_slurmdbd_that_dies_at_its_start_is_started_once_more(
     with pytest.raises(DevClusterError):
         c.start_slurmdbd()
     assert starts == ["slurmdbd", "slurmdbd", "slurmdbd"]
+
+
+def test_adding_the_cluster_is_tried_again_and_then_names_slurmdbds_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurm_gandiva.devcluster.cluster import DevClusterError
+
+    c = DevCluster(tmp_path / "s", port_base=30000, capabilities=R24, accounting=True)
+    calls: list[list[str]] = []
+    answers = iter([ConfigError("sacctmgr -i add cluster gandiva failed: Problem adding clusters: Unspecified error"),
+                    None])
+
+    def sacctmgr(args: list[str]) -> str:
+        calls.append(args)
+        err = next(answers)
+        if err is not None:
+            raise err
+        return ""
+
+    monkeypatch.setattr(c, "start_slurmdbd", lambda: [])
+    monkeypatch.setattr(c, "sacctmgr", sacctmgr)
+    monkeypatch.setattr(c, "_sleep", lambda s: None)
+    c._register_cluster()
+    assert calls == [["add", "cluster", "gandiva"]] * 2
+    # Already known to slurmdbd (it came back after a failure that still added it): no add at all.
+    monkeypatch.setattr(c, "start_slurmdbd", lambda: ["gandiva"])
+    c._register_cluster()
+    assert len(calls) == 2
+    # Failing every time: one error, naming slurmdbd's last error line and its log.
+    (c.state_dir / "log").mkdir(parents=True, exist_ok=True)
+    (c.state_dir / "log" / "slurmdbd.log").write_text("[t] error: mysql_query failed: 1205 Lock wait timeout\n")
+    monkeypatch.setattr(c, "start_slurmdbd", lambda: [])
+    answers = iter([ConfigError("Problem adding clusters: Unspecified error")] * 3)
+    with pytest.raises(DevClusterError, match=r"Unspecified error \(slurmdbd: .*1205 Lock wait.*\): see .*slurmdbd"):
+        c._register_cluster()
+    assert len(calls) == 5
