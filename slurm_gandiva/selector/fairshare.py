@@ -36,10 +36,11 @@ Otherwise the inner policy decides on a view that keeps each tenant within its G
 - A tenant at or above its cap with waiting jobs is decided alone, on a view with only its jobs and the
   GPUs they hold (`only_gpus`): the inner policy rotates its jobs within its share as it would on that
   share alone. The other tenants are decided together, on their GPUs and the free ones. A placement on
-  a GPU whose shards two such groups hold is dropped (neither saw the other's shard). Where Slurm ties a
-  requeued job to its old GPU indices (`ClusterView.requeue_ties`, 22.05), a start or resume on a node
-  where another group's job that stays holds one of them is dropped too (`tied_elsewhere`: its group's
-  placement could not see that GPU held, and Slurm would leave it pending).
+  a GPU whose shards two such groups hold is dropped (neither saw the other's shard), and with it what was
+  placed where its job then stays (a migrate onto such a GPU dropped alone double-booked its old GPU).
+  Where Slurm ties a requeued job to its old GPU indices (`ClusterView.requeue_ties`, 22.05), a start or
+  resume on a node where another group's job that stays holds one of them is dropped too (`tied_elsewhere`:
+  its group's placement could not see that GPU held, and Slurm would leave it pending).
 - A job of a tenant at its cap may not grow (its `max_gpus` is its current count in the view).
 - The inner plans' starts, resumes and grows past a tenant's cap are dropped (its own suspends free
   places first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is
@@ -308,7 +309,9 @@ class FairShare:
                 sub = replace(view, topology=topologies.get(key, view.topology), jobs=shown)
                 decisions += self.inner.decide(sub, now).decisions
             if contested:
-                decisions = [d for d in decisions if not (d.placement and contested.intersection(d.placement.gpus))]
+                # transitively: a job whose move is dropped stays, and so do the jobs placed where it was
+                for d in [d for d in decisions if d.placement and contested.intersection(d.placement.gpus)]:
+                    decisions = _without(decisions, inner_view, d)
             tied: set[str] = set()
             if apart and view.requeue_ties:  # a group's sub-view hides the GPUs the others hold from its ties
                 tied = {d.job_id for d in tied_elsewhere(decisions, inner_view, group_of)}

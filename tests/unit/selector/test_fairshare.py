@@ -184,3 +184,36 @@ def test_with_steered_grows_an_elastic_tenant_whose_jobs_all_run_grows_to_its_ca
     assert not after.consistency_errors()
     plain = FairShare(make_policy(inner)).decide(view, 3600.0).apply(view)
     assert plain.job("l").gpus == 2
+
+
+def test_a_move_dropped_onto_a_contested_gpu_takes_what_was_placed_where_it_stays() -> None:
+    """Alice (at her cap, a job waiting) is decided alone on her GPUs, bob with the free ones; G3 is packed by
+    both. Alice's inner plan moves a0 onto G3's shard and resumes a9 on G0: the move is dropped (neither
+    group saw the other's shard), so a0 stays on G0 and a9's resume there must go too (found at 500 jobs a
+    VC, load 1.5, under gandiva: a resume on a GPU whose holder's migrate was dropped; the simulator refused
+    the plan)."""
+    shared = Placement((G[3],), shared=True)
+    jobs = (
+        *(job(f"a{i}", "alice", at=G[i]) for i in range(3)),
+        Job(JobSpec("a3", "alice", 1, 1, 0.0), JobState.RUNNING, shared),
+        Job(JobSpec("b3", "bob", 1, 1, 0.0), JobState.RUNNING, shared),
+        job("b4", "bob", at=G[4]),
+        Job(JobSpec("a9", "alice", 1, 1, 0.0), JobState.SUSPENDED),
+        *(job(f"b{i}", "bob") for i in range(9, 12)),
+    )
+    view = ClusterView(TOPO, jobs)
+    assert not view.consistency_errors()
+    assert FairShare(make_policy("fifo")).caps(view) == {("", "alice"): 4, ("", "bob"): 4}
+
+    class Scripted:
+        name = "scripted"
+
+        def decide(self, v: ClusterView, now: float) -> Plan:
+            ids = {j.job_id for j in v.jobs}
+            if "a9" in ids and "b9" not in ids:  # alice's group alone
+                return Plan((Decision(Action.MIGRATE, "a0", shared), Decision(Action.RESUME, "a9", Placement((G[0],)))))
+            return Plan()
+
+    plan = FairShare(Scripted()).decide(view, 0.0)  # type: ignore[arg-type]
+    assert not plan.apply(view).consistency_errors()
+    assert {d.job_id for d in plan.decisions} == set()
