@@ -214,6 +214,6 @@ def test_a_move_dropped_onto_a_contested_gpu_takes_what_was_placed_where_it_stay
                 return Plan((Decision(Action.MIGRATE, "a0", shared), Decision(Action.RESUME, "a9", Placement((G[0],)))))
             return Plan()
 
-    plan = FairShare(Scripted()).decide(view, 0.0)  # type: ignore[arg-type]
+    plan = FairShare(Scripted()).decide(view, 0.0)
     assert not plan.apply(view).consistency_errors()
     assert {d.job_id for d in plan.decisions} == set()
