@@ -231,3 +231,30 @@ def test_a_move_dropped_onto_a_contested_gpu_takes_what_was_placed_where_it_stay
     plan = FairShare(Scripted()).decide(view, 0.0)
     assert not plan.apply(view).consistency_errors()
     assert {d.job_id for d in plan.decisions} == set()
+
+
+def test_a_tenant_with_a_waiting_job_wider_than_its_headroom_is_decided_alone() -> None:
+    """Alice holds 3 GPUs of her cap of 4 and waits with a 4-GPU job: in the shared group its start would pass
+    her cap and be dropped every round, so she is decided alone on her own GPUs (where her policy may stop her
+    own jobs for it), as at her cap. Bob, below his cap with a 1-GPU job waiting, decides with the free GPUs."""
+    jobs = (
+        *(job(f"a{i}", "alice", at=G[i]) for i in range(3)),
+        Job(JobSpec("a9", "alice", 4, 4, 0.0)),
+        job("b4", "bob", at=G[4]), job("b5", "bob", at=G[5]),
+        *(job(f"b{i}", "bob") for i in range(9, 13)),
+    )
+    view = ClusterView(TOPO, jobs)
+    seen: list[tuple[set[str], int]] = []
+
+    class Recording:
+        name = "recording"
+
+        def decide(self, v: ClusterView, now: float) -> Plan:
+            seen.append(({j.job_id for j in v.jobs}, len(v.topology.all_gpus())))
+            return Plan()
+
+    fair = FairShare(Recording())
+    assert fair.caps(view) == {("", "alice"): 4, ("", "bob"): 4}
+    fair.decide(view, 0.0)
+    assert ({"a0", "a1", "a2", "a9"}, 3) in seen  # alone, on her 3 GPUs
+    assert ({"b4", "b5", *(f"b{i}" for i in range(9, 13))}, 5) in seen  # bob: his 2 and the 3 free
