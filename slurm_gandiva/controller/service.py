@@ -84,12 +84,6 @@ def make_configured_policy(cfg: ControllerConfig) -> Policy:
     if cfg.fairness == "shares":
         from slurm_gandiva.selector.fairshare import FairShare
 
-        if cfg.policy == "gandiva":
-            log.warning(
-                "%s: fairness = shares over policy gandiva is not yet advised: at full size on Philly it makes short"
-                " multi-GPU jobs wait hours (README, Known limits); default or afs-l keep every tenant near its share",
-                cfg.source,
-            )
         fair = FairShare(policy, half_life=cfg.fairness_half_life, steer_grows=cfg.fairness_steer_grows)
         return cast(Policy, fair)  # `name` is its inner's, read-only
     return policy

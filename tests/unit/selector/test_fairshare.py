@@ -117,20 +117,6 @@ def test_steer_grows_reaches_the_layer_from_gandiva_conf_and_the_simulator() -> 
     assert with_shares(make_policy("default"), {}, None).steer_grows is False
 
 
-def test_shares_over_gandiva_are_warned_of(caplog: pytest.LogCaptureFixture) -> None:
-    """fairness_500_gandiva.txt: the layer over gandiva makes short multi-GPU jobs wait hours; an admin who
-    configures it is told (and gets what was configured)."""
-    from slurm_gandiva.config import parse_config
-    from slurm_gandiva.controller.service import make_configured_policy
-
-    with caplog.at_level("WARNING", logger="slurm_gandiva.controller.service"):
-        assert isinstance(make_configured_policy(parse_config("policy = default\nfairness = shares\n")), FairShare)
-        assert not caplog.records
-        assert isinstance(make_configured_policy(parse_config("policy = gandiva\nfairness = shares\n")), FairShare)
-    assert [r.levelname for r in caplog.records] == ["WARNING"]
-    assert "not yet advised" in caplog.records[0].getMessage()
-
-
 def test_the_one_pass_paths_count_what_the_properties_did() -> None:
     """tenant_demand without limits, _starves and TenantUsage read every job once a round (10,000 live):
     finished jobs add no demand, suspended ones wait, never-served jobs are not remembered."""
