@@ -480,7 +480,8 @@ class DevCluster:
                 return
             except ConfigError as exc:
                 failure = exc
-                self._sleep(1.0 + attempt)
+                if attempt + 1 < attempts:
+                    self._sleep(1.0 + attempt)
         log = self._log("slurmdbd")
         raise DevClusterError(f"{failure} (slurmdbd: {_last_log_line(log)}): see {log}")
 

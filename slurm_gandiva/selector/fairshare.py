@@ -266,7 +266,11 @@ class FairShare:
         after_plan = plan.apply(view) if plan.decisions else view
         if not self._starves(after_plan, caps) and not packs_past_cap(plan, after_plan, caps):
             return plan
-        waiting = {tenant_of(j) for j in view.waiting}
+        widest: dict[Tenant, int] = {}  # tenant with waiting jobs -> its widest waiting job's min_gpus
+        for j in view.waiting:
+            t = tenant_of(j)
+            widest[t] = max(widest.get(t, 0), j.spec.min_gpus)
+        waiting = set(widest)
         unmet = sum(max(0, caps[t] - held[t]) for t in waiting)
         released = self._release(view, caps, held, unmet - len(view.free_gpus()) if unmet else 0)
         after = Counter(held)
@@ -279,11 +283,7 @@ class FairShare:
         # A tenant with a waiting job wider than what it lacks of its cap decides alone too: in the shared
         # group the job's start would pass its cap and be dropped, round after round (its small time-sliced
         # jobs keep it a few GPUs below its cap), where alone its policy stops its own jobs for it.
-        widest: dict[Tenant, int] = {}
-        for j in view.waiting:
-            t = tenant_of(j)
-            widest[t] = max(widest.get(t, 0), j.spec.min_gpus)
-        apart = {t for t in waiting if after[t] + max(widest.get(t, 0), 1) > caps.get(t, 0)}
+        apart = {t for t in waiting if after[t] + max(widest[t], 1) > caps.get(t, 0)}
         groups: dict[Tenant | None, list[Job]] = {}
         for j in view.jobs:
             t = tenant_of(j)
