@@ -63,6 +63,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and item.get_closest_marker("slurm") is not None and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"{item.nodeid}: a real-Slurm test was skipped ({report.longrepr}); it must run"
+    funcargs: dict[str, object] = getattr(item, "funcargs", {})
+    if report.failed and call.when == "call" and isinstance(cluster := funcargs.get("slurm_cluster"), DevCluster):
+        # CI shows only the end of its output: what the daemons and the test's jobs last wrote, beside the failure.
+        job_dir = funcargs.get("job_dir")
+        jobs = sorted(job_dir.rglob("*")) if isinstance(job_dir, Path) else []
+        texts = [p for p in jobs if p.suffix in (".out", ".err", ".json", ".jsonl", ".log")]
+        report.sections.append(("the cluster's and the jobs' last lines",
+                                _tails([*sorted(cluster.log_dir.glob("*.log")), *texts])))
+
+
+def _tails(paths: list[Path], lines: int = 12, width: int = 240) -> str:
+    """The last `lines` lines (each cut to `width`) of each readable file of `paths`."""
+    out: list[str] = []
+    for path in paths:
+        try:
+            if not path.is_file():
+                continue
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            out.append(f"== {path}: {exc.strerror}")
+            continue
+        out.append(f"== {path}")
+        out.extend(x[:width] for x in text)
+    return "\n".join(out)
 
 
 @pytest.fixture(scope="session")

@@ -52,11 +52,14 @@ def starts(files: JobFiles) -> list[tuple[object, list[object]]]:
     return [(n, sorted(h)) for n, h in out]  # type: ignore[type-var]
 
 
-def wait_fresh_training(files: JobFiles, since: float) -> None:
+def wait_fresh_training(slurm: SlurmBackend, files: JobFiles, job_id: str, since: float) -> None:
     """Wait until the ranks started after `since` have trained two steps (progress.json from an earlier
     start would say so at once, and a signal sent before the batch shell's trap kills the job)."""
 
     def fresh() -> bool:
+        job = slurm.job(job_id)
+        status = files.status.read_text() if files.status.exists() else "none"
+        assert not job.finished, f"job {job_id} ended ({job.state}); its status: {status}"
         prog = read_progress(files.progress)
         return prog is not None and prog.started is not None and prog.started > since and prog.step >= 2
 
@@ -119,7 +122,7 @@ def test_a_job_across_nodes_moves_to_other_gpus_and_resizes_8_4_8_seeing_every_s
     since = 0.0
     for i, (op, target) in enumerate(plan):
         if i:
-            wait_fresh_training(files, since)
+            wait_fresh_training(slurm, files, job_id, since)
         since = time.time()
         res = op(job_id, target)
         assert res.outcome is Outcome.RUNNING and res.placement == target, (i, res)
