@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import select
 import shutil
 import signal
@@ -110,35 +109,13 @@ def process_started(pid: int | str = "self") -> float | None:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def master_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
-    """MASTER_PORT: the first port free on `host` ("" for every address) from a random point of the span just
-    below the kernel's ephemeral ports. Rank 0 binds it seconds later: a port the kernel numbers itself (srun's
-    listeners, any connection) could be taken in between (EADDRINUSE ended such starts), one in this span only by
-    a program that names it. The point is random, not the job id's: jobs of two clusters on one host share ids,
-    and a rank that finds another job's store on its port joins that job."""
-    span = _below_ephemeral()
-    first = (rng or random.SystemRandom()).randrange(len(span))
-    for k in range(len(span)):
-        port = span[(first + k) % len(span)]
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every one taken: the kernel's pick
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` ("" for every address) that the kernel gave nobody else right now (MASTER_PORT):
+    a port another job on the node holds is never chosen."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        picked: int = s.getsockname()[1]
-        return picked
-
-
-def _below_ephemeral(width: int = 10_000) -> range:
-    """The `width` ports below net.ipv4.ip_local_port_range (32768 by default), none under 1024."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return range(max(1024, low - width), low) if low > 1024 + width // 10 else range(20_000, 20_000 + width)
+        port: int = s.getsockname()[1]
+        return port
 
 
 @dataclass(frozen=True)
@@ -310,7 +287,7 @@ def run(
             raise UsageError(f"--node runs under the batch wrapper's srun (SLURM_NODEID, {MASTER_ADDR_ENV} and "
                              f"{MASTER_PORT_ENV} set): submit the job with gandiva sbatch") from None
     else:
-        layout, port = Layout(local=nprocs), master_port()
+        layout, port = Layout(local=nprocs), free_port()
     st = _State()
 
     started = time.time()
@@ -472,7 +449,7 @@ def _run_across_nodes(
     for node in range(nodes):
         _node_file(files, node).unlink(missing_ok=True)
     addr = master_addr(env, config.scontrol)
-    port = master_port("")
+    port = free_port("")
     argv = [shutil.which(config.srun, path=env.get("PATH")) or config.srun, f"--nodes={nodes}", f"--ntasks={nodes}",
             "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL",
             sys.executable, "-m", "job_wrapper.cli", "--node", "--signal", config.signal.name,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import random
 import signal
-import socket
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,6 @@ from job_wrapper.launcher import (
     gpu_env_var,
     job_nodes,
     master_addr,
-    master_port,
     node_codes,
     plan_ranks,
     suspend_action,
@@ -112,18 +109,6 @@ def test_job_nodes_and_the_rendezvous_address_override() -> None:
     assert job_nodes({}) == 1 and job_nodes({"SLURM_JOB_NUM_NODES": "3"}) == 3 and job_nodes({"SLURM_NNODES": "x"}) == 1
     assert master_addr({MASTER_ADDR_ENV: "10.0.0.7", "SLURMD_NODENAME": "n1"}) == "10.0.0.7"
     assert master_addr({"PATH": ""})  # outside Slurm: this host's name
-
-
-def test_master_port_is_below_the_ephemeral_ports_and_skips_a_taken_one() -> None:
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    port = master_port(rng=random.Random(7))
-    assert low - 10_000 <= port < low  # no port the kernel numbers itself (srun's listeners) can take it
-    assert master_port(rng=random.Random(7)) == port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.bind(("127.0.0.1", port))
-        holder.listen()
-        again = master_port(rng=random.Random(7))
-        assert again != port and low - 10_000 <= again < low
 
 
 def test_node_codes_in_rank_order_and_a_node_without_a_result_counts_as_killed(tmp_path: Path) -> None:
