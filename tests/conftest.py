@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +73,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         texts = [p for p in jobs if p.suffix in (".out", ".err", ".json", ".jsonl", ".log")]
         report.sections.append(("the cluster's and the jobs' last lines",
                                 _tails([*sorted(cluster.log_dir.glob("*.log")), *texts])))
+        if isinstance(job_dir, Path) and (stacks := _stacks(job_dir)):
+            report.sections.append(("where the test's jobs' Python processes are (py-spy)", stacks))
+
+
+def _stacks(job_dir: Path, limit: int = 6, lines: int = 30) -> str:
+    """py-spy's dump of up to `limit` live Python processes of jobs under `job_dir` (their GANDIVA_STATE_DIR),
+    each cut to `lines` lines: a job that hangs shows where. Empty without py-spy."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return ""
+    mark = f"GANDIVA_STATE_DIR={job_dir}/".encode()
+    out: list[str] = []
+    for proc in sorted(Path("/proc").glob("[0-9]*"), key=lambda p: int(p.name)):
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "python" not in cmd or not any(e.startswith(mark) for e in env):
+            continue
+        try:
+            dump = subprocess.run([spy, "dump", "--pid", proc.name], capture_output=True, text=True, timeout=30,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            continue
+        out.append(f"== pid {proc.name}: {cmd[:200]}")
+        out.extend((dump.stdout + dump.stderr).splitlines()[:lines])
+        if sum(x.startswith("== pid") for x in out) >= limit:
+            break
+    return "\n".join(out)
 
 
 def _tails(paths: list[Path], lines: int = 12, width: int = 240) -> str:

@@ -43,8 +43,11 @@ RUNS = {
     # loader splits it), the Trainer's the per-device one.
     "lightning": ("train_lightning.py", ["--epochs", "2", "--samples", "192", "--batch-size", "16", "--workers", "1"],
                   24),
-    "hf": ("train_hf.py", ["--epochs", "2", "--samples", "128", "--batch-size", "8"], 16),
+    "hf": ("train_hf.py", ["--epochs", "2", "--samples", "192", "--batch-size", "8"], 24),
 }
+# The job's steps (not the reference's) are slowed so that the test sees it train past step 3 and signals it
+# before it ends: at 0.1 s a step, the Trainer's 16 steps took 2 s and a loaded machine missed them.
+SLEEP_PER_STEP = "0.3"
 
 
 @pytest.mark.parametrize("framework", sorted(RUNS))
@@ -56,8 +59,8 @@ def test_framework_job_suspended_and_moved_gives_the_uninterrupted_hash(
     ref_cmd = [WRAPPER, "--state-dir", str(tmp_path / "ref"), "--nprocs", "2", "--", *cmd]
     ref = subprocess.Popen(ref_cmd + (["--output-dir", str(tmp_path / "ref-out")] if framework == "hf" else []),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    job_cmd = [*cmd, "--sleep-per-step", "0.1"] + (["--output-dir", str(job_dir / "hf-out")] if framework == "hf"
-                                                   else [])
+    job_cmd = [*cmd, "--sleep-per-step", SLEEP_PER_STEP]
+    job_cmd += ["--output-dir", str(job_dir / "hf-out")] if framework == "hf" else []
     job_id = slurm.submit(SubmitRequest(wrapped_job_script(job_dir, job_cmd), options=[
         f"--comment={JOB_MARK}", f"--job-name={framework}", "--nodes=1", "--ntasks=1", "--cpus-per-task=2",
         "--mem=2G", f"--chdir={job_dir}", f"--output={job_dir}/%j.out"], as_user=test_user))
