@@ -36,7 +36,7 @@ def test_loader_with_workers_suspended_and_moved_gives_the_uninterrupted_hash(
     slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str], tmp_path: Path
 ) -> None:
     args = ["--epochs", str(EPOCHS), "--samples", str(SAMPLES), "--batch-size", str(BATCH),
-            "--sleep-per-step", "0.1"]
+            "--sleep-per-step", "0.2"]  # 9.6 s: the test signals the job after step 3, however loaded
     loader_args = [*args, "--loader-workers", "2"]
     # The uninterrupted runs (outside Slurm, the same wrapper, 1 process): loader() and batches().
     refs = [reference_hash(tmp_path / "ref-loader", loader_args), reference_hash(tmp_path / "ref-batches", args)]

@@ -69,7 +69,7 @@ def wait_fresh_training(slurm: SlurmBackend, files: JobFiles, job_id: str, since
 def test_a_4_gpu_job_on_two_nodes_is_suspended_and_resumed_there_to_the_uninterrupted_hash(
     slurm: SlurmBackend, test_user: str, job_dir: Path, cleanup_jobs: list[str], tmp_path: Path
 ) -> None:
-    args = ["--epochs", "3", "--samples", "512", "--batch-size", "32", "--sleep-per-step", "0.1"]  # 48 steps
+    args = ["--epochs", "3", "--samples", "512", "--batch-size", "32", "--sleep-per-step", "0.2"]  # 48 steps, 9.6 s
     job_id = submit(slurm, test_user, job_dir, "mn-hash", args, gpus=1, gres=None)
     cleanup_jobs.append(job_id)
     files = JobFiles(job_dir / job_id)

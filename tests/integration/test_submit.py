@@ -151,7 +151,8 @@ def test_sbatch_job_starts_on_exact_gpus_then_resizes_to_another_node(
     job_dir: Path, cleanup_jobs: list[str],
 ) -> None:
     """A job `gandiva sbatch` submitted (no gres) takes typed per-GPU gres at its first start and after."""
-    train = ["--epochs", "1", "--samples", "640", "--batch-size", "16", "--hidden", "8", "--sleep-per-step", "0.1"]
+    # 40 steps of 0.3 s: long enough that `gandiva suspend`, started once training is seen, finds the job running
+    train = ["--epochs", "1", "--samples", "640", "--batch-size", "16", "--hidden", "8", "--sleep-per-step", "0.3"]
     proc = run_as(test_user, [GANDIVA, "sbatch", "--parsable", "--gpus", "1:2", "--mem=1G", "--cpus-per-task=2",
                               "-o", f"{job_dir}/%j.out", "--", sys.executable, TRAIN, *train], slurm_env)
     assert proc.returncode == 0, proc.stderr
