@@ -66,13 +66,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome = "failed"
         report.longrepr = f"{item.nodeid}: a real-Slurm test was skipped ({report.longrepr}); it must run"
     funcargs: dict[str, object] = getattr(item, "funcargs", {})
-    if report.failed and call.when == "call" and isinstance(cluster := funcargs.get("slurm_cluster"), DevCluster):
+    clusters = [c for c in funcargs.values() if isinstance(c, DevCluster)]  # slurm_cluster, acct_cluster
+    if report.failed and call.when == "call" and clusters:
         # CI shows only the end of its output: what the daemons and the test's jobs last wrote, beside the failure.
         job_dir = funcargs.get("job_dir")
         jobs = sorted(job_dir.rglob("*")) if isinstance(job_dir, Path) else []
         texts = [p for p in jobs if p.suffix in (".out", ".err", ".json", ".jsonl", ".log")]
         report.sections.append(("the cluster's and the jobs' last lines",
-                                _tails([*sorted(cluster.log_dir.glob("*.log")), *texts])))
+                                _tails([*(p for c in clusters for p in sorted(c.log_dir.glob("*.log"))), *texts])))
+        tmp = funcargs.get("tmp_path")
+        if isinstance(tmp, Path) and (logs := sorted(tmp.rglob("controller-*.log"))):
+            report.sections.append(("the test's controllers' last lines", _tails(logs, lines=40)))
         if isinstance(job_dir, Path) and (stacks := _stacks(job_dir)):
             report.sections.append(("where the test's jobs' Python processes are (py-spy)", stacks))
 
