@@ -22,7 +22,7 @@ import pytest
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.slurm import make_backend
 from slurm_gandiva.slurm.base import SlurmBackend
-from tests.helpers import TEST_USER, ensure_user
+from tests.helpers import TEST_USER, ensure_user, tails
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -59,7 +59,8 @@ def _misplaced(item: pytest.Item) -> str:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A test that needs the real cluster must never skip: its skip is turned into a failure."""
+    """A test that needs the real cluster must never skip: its skip is turned into a failure. A real-Slurm test
+    that fails shows the daemons' and its jobs' last lines, its controllers' logs and its jobs' stacks."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.skipped and item.get_closest_marker("slurm") is not None and not hasattr(report, "wasxfail"):
@@ -73,10 +74,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         jobs = sorted(job_dir.rglob("*")) if isinstance(job_dir, Path) else []
         texts = [p for p in jobs if p.suffix in (".out", ".err", ".json", ".jsonl", ".log")]
         report.sections.append(("the cluster's and the jobs' last lines",
-                                _tails([*(p for c in clusters for p in sorted(c.log_dir.glob("*.log"))), *texts])))
+                                tails([*(p for c in clusters for p in sorted(c.log_dir.glob("*.log"))), *texts])))
         tmp = funcargs.get("tmp_path")
         if isinstance(tmp, Path) and (logs := sorted(tmp.rglob("controller-*.log"))):
-            report.sections.append(("the test's controllers' last lines", _tails(logs, lines=40)))
+            report.sections.append(("the test's controllers' last lines", tails(logs, lines=40)))
         if isinstance(job_dir, Path) and (stacks := _stacks(job_dir)):
             report.sections.append(("where the test's jobs' Python processes are (py-spy)", stacks))
 
@@ -89,6 +90,7 @@ def _stacks(job_dir: Path, limit: int = 6, lines: int = 30) -> str:
         return ""
     mark = f"GANDIVA_STATE_DIR={job_dir}/".encode()
     out: list[str] = []
+    dumped = 0
     for proc in sorted(Path("/proc").glob("[0-9]*"), key=lambda p: int(p.name)):
         try:
             env = (proc / "environ").read_bytes().split(b"\0")
@@ -104,24 +106,9 @@ def _stacks(job_dir: Path, limit: int = 6, lines: int = 30) -> str:
             continue
         out.append(f"== pid {proc.name}: {cmd[:200]}")
         out.extend((dump.stdout + dump.stderr).splitlines()[:lines])
-        if sum(x.startswith("== pid") for x in out) >= limit:
+        dumped += 1
+        if dumped >= limit:
             break
-    return "\n".join(out)
-
-
-def _tails(paths: list[Path], lines: int = 12, width: int = 240) -> str:
-    """The last `lines` lines (each cut to `width`) of each readable file of `paths`."""
-    out: list[str] = []
-    for path in paths:
-        try:
-            if not path.is_file():
-                continue
-            text = path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError as exc:
-            out.append(f"== {path}: {exc.strerror}")
-            continue
-        out.append(f"== {path}")
-        out.extend(x[:width] for x in text)
     return "\n".join(out)
 
 

@@ -8,6 +8,7 @@ import pwd
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Literal, TypeVar
 
 from slurm_gandiva.model import GpuRef, Placement, Topology
@@ -84,3 +85,20 @@ def wait_for(
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def tails(paths: list[Path], lines: int = 12, width: int = 240) -> str:
+    """The last `lines` lines (each cut to `width`) of each file of `paths`, under its name (a missing one: none)."""
+    out: list[str] = []
+    for path in paths:
+        try:
+            if not path.exists():
+                out.append(f"== {path}: (none)")
+                continue
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            out.append(f"== {path}: {exc.strerror}")
+            continue
+        out.append(f"== {path}")
+        out.extend(x[:width] for x in text)
+    return "\n".join(out)

@@ -15,7 +15,7 @@ import pytest
 from slurm_gandiva.devcluster.cluster import DevCluster
 from slurm_gandiva.errors import SlurmError
 from slurm_gandiva.slurm.base import SlurmBackend
-from tests.helpers import OTHER_USER, TEST_USER, ensure_user
+from tests.helpers import OTHER_USER, TEST_USER, ensure_user, tails
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +63,8 @@ def acct_cluster(test_user: str) -> Iterator[DevCluster]:
             cluster.add_user(test_user, "physics")
             cluster.add_user(OTHER_USER, "bio")
         except Exception as exc:
-            for name in ("slurmdbd", "mariadb"):  # into the failure's captured output, for CI's log
-                log = cluster.state_dir / "log" / f"{name}.log"
-                tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else ["(none)"]
-                print(f"--- {log} (last lines)", *tail, sep="\n")
+            # into the failure's captured output, for CI's log
+            print(tails([cluster.log_dir / "slurmdbd.log", cluster.log_dir / "mariadb.log"], lines=40))
             pytest.fail(f"the devcluster with accounting did not start on port base {base}: {exc}")
         yield cluster
     finally:

@@ -57,9 +57,9 @@ def wait_fresh_training(slurm: SlurmBackend, files: JobFiles, job_id: str, since
     start would say so at once, and a signal sent before the batch shell's trap kills the job)."""
 
     def fresh() -> bool:
-        job = slurm.job(job_id)
-        status = files.status.read_text() if files.status.exists() else "none"
-        assert not job.finished, f"job {job_id} ended ({job.state}); its status: {status}"
+        if (job := slurm.job(job_id)).finished:
+            status = files.status.read_text() if files.status.exists() else "none"
+            raise AssertionError(f"job {job_id} ended ({job.state}); its status: {status}")
         prog = read_progress(files.progress)
         return prog is not None and prog.started is not None and prog.started > since and prog.step >= 2
 
