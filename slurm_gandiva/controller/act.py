@@ -93,7 +93,7 @@ class ActResult:
     decision_id: int | None = None
     starting: bool = False  # succeeded so far: the job starts after the round (`Actor.starting`)
     limited: bool = False  # failed because Slurm's accounting held the job back (`LimitRefusal`)
-    tied: bool = False  # skipped: Slurm would never start it there (`_tie_conflicts`); backed off like a failure
+    tied: bool = False  # skipped: Slurm would never start it there (`_tie_conflicts`); backed off one quantum
 
     @property
     def ok(self) -> bool:
@@ -579,7 +579,7 @@ def _tie_conflicts(
 ) -> dict[int, str]:
     """The resumes Slurm would never start (`ties`): a GPU of one of the job's old indices on its target node
     is held by a job that the plan leaves there, so the job would wait, PENDING on Resources, until that one
-    stops. Each is skipped (no Slurm call, backed off like a failed start) instead of holding up the round
+    stops. Each is skipped (no Slurm call, backed off one quantum) instead of holding up the round
     for the start timeout."""
     moving = {d.job_id: d for d in decisions if d.action is not Action.RESUME and d.action is not Action.START}
     out: dict[int, str] = {}

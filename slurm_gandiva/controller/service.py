@@ -430,7 +430,8 @@ class Controller:
     def _note_failures(self, results: tuple[ActResult, ...]) -> None:
         """Back off the jobs whose move failed (within the round, or a start that ran on after it and that
         Slurm refused or did not run in time), longer after each failure in a row (`backoff_delay`); the
-        wait is recorded (`backoff` event: `gandiva squeue`'s REASON). A move that succeeded ends the row. A
+        wait is recorded (`backoff` event: `gandiva squeue`'s REASON). A move that succeeded ends the row; a
+        resume skipped for Slurm's requeue tie (`ActResult.tied`) waits one quantum, outside the row. A
         start Slurm's accounting held back has the tenants read again, so that the limit rule knows it."""
         now = self.clock()
         for r in results:
@@ -443,6 +444,15 @@ class Controller:
                 continue
             if r.limited:  # a limit the last tenants read did not have: read them again for the next round
                 self.observer.tenants.expire()
+            if r.tied:
+                # The round's placement, not the job, failed: one quantum (the next rotation places it
+                # elsewhere), not a failure in a row that doubles its wait up to 16 quanta.
+                delay = backoff_delay(1, self.config.quantum)
+                self._backoff[jid] = now + delay
+                detail = f"{r.decision.action.value} not tried for {delay:.0f} s, its GPUs go to others; {r.detail}"
+                log.info("job %s: %s", jid, detail)
+                self.store.record_event(BACKOFF_EVENT, jid, detail, now)
+                continue
             n = self._failures.get(jid, 0) + 1
             self._failures[jid] = n
             delay = backoff_delay(n, self.config.quantum)

@@ -133,7 +133,7 @@ def test_a_start_held_back_by_a_limit_has_the_tenants_read_again_at_once(tmp_pat
     store.close()
 
 
-def test_a_resume_skipped_for_a_tie_is_backed_off_but_one_skipped_for_anothers_failure_is_not(
+def test_a_resume_skipped_for_a_tie_waits_one_quantum_each_time_but_one_skipped_for_anothers_failure_not(
         tmp_path: Path) -> None:
     from slurm_gandiva.controller.act import ActResult
     from slurm_gandiva.plan import Action, Decision
@@ -146,4 +146,14 @@ def test_a_resume_skipped_for_a_tie_is_backed_off_but_one_skipped_for_anothers_f
     other = ActResult(Decision(Action.RESUME, "4"), StoreOutcome.FAILED, "skipped: its GPUs are still held")
     ctl._note_failures((tied, other))
     assert set(ctl._backoff) == {"3"} and ctl._backoff["3"] == 1030.0
+    # The round placed it where Slurm would not start it, not the job's fault: a second skip in a row waits
+    # one quantum again (a failure in a row would wait 60 s), and the row of real failures is left as it is.
+    clock[0] = 1030.0
+    ctl._note_failures((tied,))
+    assert ctl._backoff["3"] == 1060.0 and "3" not in ctl._failures
+    (event,) = store.events(job_id="3", kinds=[BACKOFF_EVENT])[-1:]
+    assert "not tried for 30 s" in event.detail and "in a row" not in event.detail
+    failed = ActResult(Decision(Action.RESUME, "3"), StoreOutcome.FAILED, "Slurm refused", decision_id=7)
+    ctl._note_failures((failed,))
+    assert ctl._failures["3"] == 1 and ctl._backoff["3"] == 1060.0  # a real failure: one quantum, the row starts
     store.close()
