@@ -448,18 +448,15 @@ class Controller:
                 # The round's placement, not the job, failed: one quantum (the next rotation places it
                 # elsewhere), not a failure in a row that doubles its wait up to 16 quanta.
                 delay = backoff_delay(1, self.config.quantum)
-                self._backoff[jid] = now + delay
                 detail = f"{r.decision.action.value} not tried for {delay:.0f} s, its GPUs go to others; {r.detail}"
-                log.info("job %s: %s", jid, detail)
-                self.store.record_event(BACKOFF_EVENT, jid, detail, now)
-                continue
-            n = self._failures.get(jid, 0) + 1
-            self._failures[jid] = n
-            delay = backoff_delay(n, self.config.quantum)
+            else:
+                n = self._failures.get(jid, 0) + 1
+                self._failures[jid] = n
+                delay = backoff_delay(n, self.config.quantum)
+                detail = (f"{r.decision.action.value} failed ({n} in a row): not tried again for {delay:.0f} s, "
+                          f"its GPUs go to others meanwhile; {r.detail}")
             self._backoff[jid] = now + delay
-            detail = (f"{r.decision.action.value} failed ({n} in a row): not tried again for {delay:.0f} s, its "
-                      f"GPUs go to others meanwhile; {r.detail}")
-            log.warning("job %s: %s", jid, detail)
+            log.log(logging.INFO if r.tied else logging.WARNING, "job %s: %s", jid, detail)
             self.store.record_event(BACKOFF_EVENT, jid, detail, now)
 
     def introspect(self) -> int:
