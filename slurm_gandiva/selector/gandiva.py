@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobState, Placement, TrialKind
 from slurm_gandiva.plan import Plan
-from slurm_gandiva.selector.afs import GrowRefusals, settled_plan, tie_rank, view_rule
+from slurm_gandiva.selector.afs import GrowRefusals, RuleEpochs, settled_plan, tie_rank, view_rule
 from slurm_gandiva.selector.common import (
     GroupRoom,
     Memo,
@@ -349,7 +349,8 @@ class Gandiva(_TrialParams):
 class Default(_TrialParams):
     """The composed default: AFS-L allocation, affinity placement, time-slicing when oversubscribed
     (a never-run job gets a first slice of `probe` seconds at once, for early feedback; no job is
-    suspended before `min_slice`), and introspective migration trials.
+    suspended before `min_slice`), and introspective migration trials. While every job runs, the rule
+    decides only when a job arrives or leaves (`RuleEpochs`), not on every tick.
 
     Packing trials are off by default (`pack=True` turns them on): under AFS allocation a packed pair
     still counts two GPUs, so on the Philly traces packing churned (about 50 suspends per job on
@@ -365,6 +366,7 @@ class Default(_TrialParams):
     elastic: ClassVar[bool] = True
     memo: Memo = field(default_factory=Memo, init=False, repr=False, compare=False)
     refusals: GrowRefusals = field(default_factory=GrowRefusals, init=False, repr=False, compare=False)
+    epochs: RuleEpochs = field(default_factory=RuleEpochs, init=False, repr=False, compare=False)
 
     def decide(self, view: ClusterView, now: float) -> Plan:
         jobs = active_jobs(view)
@@ -380,6 +382,9 @@ class Default(_TrialParams):
         )
         for j in young:
             floors[j.job_id] = clamp(j, j.gpus)
+        if self.epochs.frozen(view, jobs, ((j.slice_start or 0.0) + self._hold(j) for j in young)):
+            for j in jobs:  # every job runs: each keeps its count until a job arrives or leaves
+                floors.setdefault(j.job_id, clamp(j, j.gpus))
         fresh = sorted(
             (j for j in jobs if j.state is JobState.QUEUED and j.times_scheduled == 0),
             key=lambda j: (j.spec.submit_time, j.job_id),
