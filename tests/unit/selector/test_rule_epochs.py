@@ -1,11 +1,12 @@
-"""`RuleEpochs`: the default policy's elastic rule decides anew when a job arrives or leaves, once more when
-the holds of that round have run out, and whenever a job waits; between those rounds running jobs keep their
-counts however their remaining times drift."""
+"""`RuleEpochs`: the elastic rule of the default, AFS-L and AFS-P decides anew when a job arrives or
+leaves, once more when the holds of that round have run out, and whenever a job waits; between those
+rounds running jobs keep their counts however their remaining times drift."""
 
 from __future__ import annotations
 
 from slurm_gandiva.model import ClusterView, Job, JobSpec, JobState, Locality, Placement, RateTable
 from slurm_gandiva.plan import Action, Plan
+from slurm_gandiva.selector.afs import AfsL, AfsP
 from slurm_gandiva.selector.gandiva import Default
 from tests.helpers import TWO_BY_FOUR, gp
 
@@ -64,3 +65,12 @@ def test_time_slicing_still_rotates_while_a_job_waits() -> None:
     for t in (0.0, 5.0, 10.0):
         plan = pol.decide(ClusterView(TWO_BY_FOUR, (*jobs, d), now=t), t)
         assert "d" in {x.job_id for x in plan.decisions if x.action in (Action.START, Action.RESUME)}, t
+
+
+def test_afs_l_and_afs_p_keep_counts_between_arrivals_too() -> None:
+    # live they are asked every tick, as the default is; in the simulator they decide on events only
+    for pol in (AfsL(), AfsP(lease=0.0)):
+        assert resized(pol.decide(at(0.0, *jobs()), 0.0)) == {"a", "b", "c"}, pol.name
+        assert pol.decide(at(5.0, *jobs()), 5.0).decisions == (), pol.name
+        e = Job(JobSpec("e", "u", 1, 1, 590.0, total_work=1e3))
+        assert "a" in resized(pol.decide(at(605.0, *jobs(), e), 605.0)), pol.name
