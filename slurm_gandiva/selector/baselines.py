@@ -248,6 +248,7 @@ class Slurm:
     name: str = "slurm"
     quantum: float | None = None
     elastic: ClassVar[bool] = False
+    preempts: ClassVar[bool] = False
     memo: Memo = field(default_factory=Memo, init=False, repr=False, compare=False)
     usage: TenantUsage = field(default_factory=TenantUsage, init=False, repr=False, compare=False)
 
@@ -392,6 +393,7 @@ class Fifo:
     name: str = "fifo"
     quantum: float | None = None
     elastic: ClassVar[bool] = False
+    preempts: ClassVar[bool] = False
     memo: Memo = field(default_factory=Memo, init=False, repr=False, compare=False)
 
     def decide(self, view: ClusterView, now: float) -> Plan:

@@ -244,3 +244,10 @@ def test_a_tenant_with_a_waiting_job_wider_than_its_headroom_is_decided_alone() 
     fair.decide(view, 0.0)
     assert ({"a0", "a1", "a2", "a9"}, 3) in seen  # alone, on her 3 GPUs
     assert ({"b4", "b5", *(f"b{i}" for i in range(9, 13))}, 5) in seen  # bob: his 2 and the 3 free
+
+    class NeverPreempts(Recording):  # as slurm and fifo: alone, a9 would wait for her own jobs to end
+        preempts = False
+
+    seen.clear()
+    FairShare(NeverPreempts()).decide(view, 0.0)
+    assert seen and all("a9" in ids and "b4" in ids for ids, _ in seen), seen  # decided with bob
