@@ -20,7 +20,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 from slurm_gandiva.model import ClusterView, Job, JobState, Placement
 from slurm_gandiva.plan import Plan
@@ -267,8 +267,29 @@ def view_rule(
     return count
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
 @dataclass
-class GrowRefusals:
+class _PerJobSet(Generic[_K, _V]):
+    """Policy state kept per set of jobs asked about in the last round or this one (the fair-share layer asks
+    the same policy about the whole cluster and about groups of tenants each round): key -> (the round it
+    was last used in, the value). A set that comes back later starts afresh."""
+
+    _epochs: dict[_K, tuple[float, _V]] = field(default_factory=dict)
+    _now: float = -math.inf
+    _before: float = -math.inf
+
+    def _turn(self, now: float) -> None:
+        """At the first call of a round: forget the sets not used in the last round."""
+        if now > self._now:
+            self._before, self._now = self._now, now
+            self._epochs = {e: v for e, v in self._epochs.items() if v[0] >= self._before}
+
+
+@dataclass
+class GrowRefusals(_PerJobSet[frozenset[str], dict[str, tuple[int, Placement | None]]]):
     """Grows `realize` refused: job -> (the GPUs it was left with, where), carried from round to round while
     the managed jobs are the same ones and the job stays where it was left.
 
@@ -281,17 +302,9 @@ class GrowRefusals:
     of tenants each round); a set that comes back later starts afresh (at 500 jobs a VC, keeping older
     sets or forgetting after 600 s made 65,002 and 166,712 resizes where this makes 50,462)."""
 
-    _epochs: dict[frozenset[str], tuple[float, dict[str, tuple[int, Placement | None]]]] = field(
-        default_factory=dict
-    )
-    _now: float = -math.inf
-    _before: float = -math.inf
-
     def carried(self, view: ClusterView) -> dict[str, int]:
         """The caps that still hold in `view`."""
-        if view.now > self._now:  # a new round
-            self._before, self._now = self._now, view.now
-            self._epochs = {e: v for e, v in self._epochs.items() if v[0] >= self._before}
+        self._turn(view.now)
         used, caps = self._epochs.get(frozenset(j.job_id for j in view.jobs), (self._now, {}))
         if used < self._before:
             caps = {}
@@ -307,7 +320,7 @@ class GrowRefusals:
 
 
 @dataclass
-class RuleEpochs:
+class RuleEpochs(_PerJobSet[frozenset[tuple[str, int]], float | None]):
     """When the elastic rule decides anew for a set of jobs: in the first round that sees the set (a job
     arrived or left, or one has a rate measured at a new count or locality), once more when every hold of
     that round has run out, and in every round where one of the jobs is not running (time-slicing rotates
@@ -317,22 +330,14 @@ class RuleEpochs:
     Asked every 5-s tick, the rule followed remaining times as they drifted, and the holds of the jobs it had
     just resized bent its next answer: similar jobs passed GPUs back and forth every two holds (Philly 4 VCs
     x 100 jobs merged, load 1.5, default on the controller's tick grid: 20,547 resizes, 54.14 h average JCT;
-    with epochs 2,114 and 53.39 h). Kept per set of jobs asked about in the last round or this one, as
-    `GrowRefusals`; a set that comes back later is seen afresh."""
-
-    _epochs: dict[frozenset[tuple[str, int]], tuple[float, float | None]] = field(default_factory=dict)
-    _now: float = -math.inf
-    _before: float = -math.inf
+    with epochs 2,114 and 53.39 h). Kept per set of jobs (`_PerJobSet`), as `GrowRefusals`."""
 
     def frozen(self, view: ClusterView, jobs: Sequence[Job], holds: Iterable[float]) -> bool:
         """Whether the running `jobs` keep their counts in this round; `holds`: when each hold of it ends."""
-        if view.now > self._now:  # a new round
-            self._before, self._now = self._now, view.now
-            self._epochs = {e: v for e, v in self._epochs.items() if v[0] >= self._before}
-        key = frozenset((j.job_id, len(j.rates.rates)) for j in jobs)
+        self._turn(view.now)
         if any(j.state is not JobState.RUNNING for j in jobs):
-            self._epochs.pop(key, None)
-            return False
+            return False  # (the set's entry, not used this round, is forgotten at the next)
+        key = frozenset((j.job_id, len(j.rates.rates)) for j in jobs)
         seen = self._epochs.get(key)
         if seen is None:
             self._epochs[key] = (self._now, max(holds, default=None))
