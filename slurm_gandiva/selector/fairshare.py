@@ -45,6 +45,8 @@ Otherwise the inner policy decides on a view that keeps each tenant within its G
   resume on a node where another group's job that stays holds one of them is dropped too (`tied_elsewhere`:
   its group's placement could not see that GPU held, and Slurm would leave it pending).
 - A job of a tenant at its cap may not grow (its `max_gpus` is its current count in the view).
+- No tenant is taken below its cap, or below what it holds when that is less, for another tenant's job
+  (`keep_floors`): the inner policy rotates a group's jobs as one pool, in its own order, not the shares'.
 - The inner plans' starts, resumes and grows past a tenant's cap are dropped (its own suspends free
   places first; the least-served jobs keep theirs), and a suspend whose GPUs no kept decision uses is
   dropped too, so no tenant loses a GPU to a start that was dropped.
@@ -332,6 +334,7 @@ class FairShare:
             if apart and view.requeue_ties:  # a group's sub-view hides the GPUs the others hold from its ties
                 tied = {d.job_id for d in tied_elsewhere(decisions, inner_view, group_of)}
                 decisions = [d for d in decisions if d.job_id not in tied or d.action not in _TAKES]
+            decisions = keep_floors(decisions, inner_view, caps, after)
             plan = keep_to_caps(Plan(tuple(decisions)), inner_view, caps, after)
             # A start or resume dropped past its tenant's cap leaves the GPUs the inner policy gave it idle
             # (it placed the others around it): decide again without it, so that they go to another job.
@@ -476,10 +479,7 @@ def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held
     suspend is what made room for a take)."""
     decisions = list(plan.decisions)
     pruning = False  # suspends are pruned only once a take was dropped: the inner plan stands otherwise
-    holding: dict[Tenant, Counter[GpuRef]] = {}  # tenant -> GPU -> its jobs on it (a packed GPU counts once)
-    for j in view.running:
-        if j.placement is not None:
-            holding.setdefault(tenant_of(j), Counter()).update(j.placement.gpus)
+    holding = _holding(view)
     while True:
         used: set[GpuRef] = {
             g for d in decisions if d.action is not Action.SUSPEND and d.placement for g in d.placement.gpus
@@ -491,23 +491,8 @@ def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held
             or (p := view.job(d.job_id).placement) is None
             or used.intersection(p.gpus)
         ]
-        change: dict[Tenant, Counter[GpuRef]] = {}
-        takes: dict[Tenant, list[Decision]] = {}
-        for d in kept:
-            j = view.job(d.job_id)
-            t = tenant_of(j)
-            c = change.setdefault(t, Counter())
-            if j.state is JobState.RUNNING and j.placement is not None:
-                c.subtract(j.placement.gpus)
-            new = 0 if d.action is Action.SUSPEND or d.placement is None else d.placement.count
-            if new:
-                c.update(d.placement.gpus if d.placement is not None else ())
-            if d.action in _TAKES or (d.action is Action.RESIZE and new > j.gpus):  # a grow takes GPUs too
-                takes.setdefault(t, []).append(d)
-        count: Counter[Tenant] = Counter(held)
-        for t in takes:
-            had = holding.get(t, Counter())
-            count[t] += sum((had[g] + n > 0) - (had[g] > 0) for g, n in change[t].items())
+        takes: dict[Tenant, list[Decision]] = {}  # a grow takes GPUs too
+        count = _counts_after(kept, view, held, holding, takes)
         # A tenant above its cap may not grow, but may swap within what it holds (a suspend and a start of
         # its own: its short jobs need not wait for its long ones to end while others reclaim its surplus).
         over = sorted(t for t in takes if count[t] > max(caps.get(t, 0), held.get(t, 0)))
@@ -517,6 +502,80 @@ def keep_to_caps(plan: Plan, view: ClusterView, caps: Mapping[Tenant, int], held
         drop = max(takes[t], key=lambda d: (view.job(d.job_id).attained_service, d.job_id))
         decisions = _without(kept, view, drop)
         pruning = True
+
+
+def keep_floors(
+    decisions: list[Decision], view: ClusterView, caps: Mapping[Tenant, int], held: Mapping[Tenant, int]
+) -> list[Decision]:
+    """`decisions` without the suspends and shrinks that would leave a tenant below what it holds (`held`)
+    or its cap, whichever is less, its own takes counted (and, transitively, what was placed on the GPUs
+    its job then keeps): in a group of several tenants the inner policy rotates their jobs as one pool,
+    and its order is not the shares' (gandiva lets a job short of its feedback preempt one past it: a
+    sweep's new 1-GPU tasks stopped other tenants' 2-GPU jobs a minute before their end, the jobs of
+    tenants at their caps, and their tenants then waited below their caps while GPUs idled). Only a cut
+    whose GPUs another tenant's job is placed on goes: a tenant above its cap may still be taken down to
+    it, and its own rotation (its GPUs to its own jobs) stays."""
+    holding = _holding(view)
+    skip: set[Tenant] = set()
+    while True:
+        count = _counts_after(decisions, view, held, holding)
+        low = sorted(t for t in count if t not in skip and count[t] < min(held.get(t, 0), caps.get(t, 0)))
+        if not low:
+            return decisions
+        t = low[0]
+        others = {  # the GPUs the other tenants' decisions place jobs on
+            g for d in decisions if d.placement and tenant_of(view.job(d.job_id)) != t for g in d.placement.gpus
+        }
+        cuts = []
+        for d in decisions:
+            j = view.job(d.job_id)
+            if tenant_of(j) != t or j.state is not JobState.RUNNING or j.placement is None:
+                continue
+            if d.action is Action.SUSPEND or (d.action is Action.RESIZE and d.placement and d.placement.count < j.gpus):
+                freed = set(j.placement.gpus) - set(d.placement.gpus if d.placement else ())
+                if freed & others:  # its own rotation (its GPUs to its own jobs, or left free) is its own
+                    cuts.append((j.attained_service, j.job_id, d))
+        if not cuts:
+            skip.add(t)
+            continue
+        decisions = _without(decisions, view, max(cuts, key=lambda c: (c[0], c[1]))[2])
+
+
+def _holding(view: ClusterView) -> dict[Tenant, Counter[GpuRef]]:
+    """Tenant -> GPU -> how many of its running jobs are on it (a packed GPU counts once for it)."""
+    holding: dict[Tenant, Counter[GpuRef]] = {}
+    for j in view.running:
+        if j.placement is not None:
+            holding.setdefault(tenant_of(j), Counter()).update(j.placement.gpus)
+    return holding
+
+
+def _counts_after(
+    decisions: Iterable[Decision],
+    view: ClusterView,
+    held: Mapping[Tenant, int],
+    holding: Mapping[Tenant, Counter[GpuRef]],
+    takers: dict[Tenant, list[Decision]] | None = None,
+) -> Counter[Tenant]:
+    """The GPUs each tenant holds after `decisions` (`held` before them; `holding`: `_holding(view)`);
+    `takers`, when given, gets each tenant's decisions that take GPUs (starts, resumes, grows)."""
+    change: dict[Tenant, Counter[GpuRef]] = {}
+    for d in decisions:
+        j = view.job(d.job_id)
+        t = tenant_of(j)
+        c = change.setdefault(t, Counter())
+        if j.state is JobState.RUNNING and j.placement is not None:
+            c.subtract(j.placement.gpus)
+        new = 0 if d.action is Action.SUSPEND or d.placement is None else d.placement.count
+        if new:
+            c.update(d.placement.gpus if d.placement is not None else ())
+        if takers is not None and (d.action in _TAKES or (d.action is Action.RESIZE and new > j.gpus)):
+            takers.setdefault(t, []).append(d)
+    count: Counter[Tenant] = Counter(held)
+    for t, ch in change.items():
+        had = holding.get(t, Counter())
+        count[t] += sum((had[g] + n > 0) - (had[g] > 0) for g, n in ch.items())
+    return count
 
 
 def _without(decisions: list[Decision], view: ClusterView, drop: Decision) -> list[Decision]:

@@ -7,7 +7,7 @@ import pytest
 from slurm_gandiva.model import ClusterView, GpuRef, Job, JobSpec, JobState, Locality, Placement, RateTable, Topology
 from slurm_gandiva.plan import Action, Decision, Plan
 from slurm_gandiva.selector import make_policy
-from slurm_gandiva.selector.fairshare import FairShare, TenantUsage, keep_to_caps, water_fill
+from slurm_gandiva.selector.fairshare import FairShare, TenantUsage, keep_floors, keep_to_caps, water_fill
 
 
 def job(jid: str, user: str, account: str = "", gpus: int = 1, at: GpuRef | None = None, served: float = 0.0) -> Job:
@@ -251,3 +251,24 @@ def test_a_tenant_with_a_waiting_job_wider_than_its_headroom_is_decided_alone() 
     seen.clear()
     FairShare(NeverPreempts()).decide(view, 0.0)
     assert seen and all("a9" in ids and "b4" in ids for ids, _ in seen), seen  # decided with bob
+
+
+def test_keep_floors_drops_a_cut_below_a_share_for_another_tenants_job() -> None:
+    """Bob holds his cap (1 GPU): a suspend of his job for alice's start on that GPU goes, and the start with
+    it; alice's start on a free GPU stays; bob's own rotation stays; carol above her cap of 1 may be taken
+    down to it, not below."""
+    b0, b1 = job("b0", "bob", at=G[0], served=9.0), job("b1", "bob")
+    c0, c1 = job("c0", "carol", at=G[2], served=5.0), job("c1", "carol", at=G[3], served=6.0)
+    view = ClusterView(TOPO, (b0, b1, c0, c1, job("a0", "alice"), job("a1", "alice"), job("a2", "alice")))
+    caps = {("", "alice"): 2, ("", "bob"): 1, ("", "carol"): 1}
+    held = {("", "bob"): 1, ("", "carol"): 2}
+    on_bob = [Decision(Action.SUSPEND, "b0"), Decision(Action.START, "a0", Placement((G[0],)))]
+    free = [Decision(Action.START, "a1", Placement((G[1],)))]
+    assert keep_floors([*on_bob, *free], view, caps, held) == free
+    own = [Decision(Action.SUSPEND, "b0"), Decision(Action.START, "b1", Placement((G[0],)))]
+    assert keep_floors(own, view, caps, held) == own
+    carol = [Decision(Action.SUSPEND, "c1"), Decision(Action.START, "a1", Placement((G[3],)))]
+    assert keep_floors(carol, view, caps, held) == carol  # 2 -> 1: down to her cap
+    both = [Decision(Action.SUSPEND, "c0"), *carol, Decision(Action.START, "a2", Placement((G[2],)))]
+    kept = keep_floors(both, view, caps, held)
+    assert sum(d.action is Action.SUSPEND for d in kept) == 1 and len(kept) == 2  # one cut and its start
